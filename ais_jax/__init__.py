@@ -1,0 +1,1 @@
+"""ais_jax (package initialising)."""

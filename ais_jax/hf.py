@@ -1,0 +1,263 @@
+"""Hugging Face checkpoints in and out: `config.json` + safetensors, and `tokenizer.json`.
+
+`load_hf(path)` reads a `Qwen3ForCausalLM` / `Qwen2ForCausalLM` directory (one
+`model.safetensors` or shards listed in `model.safetensors.index.json`) into the stacked
+parameter tree of `model.py`; `save_hf(path, config, params)` writes one that
+`transformers.AutoModelForCausalLM.from_pretrained` loads with the same logits. Only safetensors
+is read: no pickle anywhere. Every problem with a directory is one `CheckpointError` paragraph
+that names the file, the tensor or field, and what was expected.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+import safetensors
+import safetensors.numpy
+
+from ais_jax.model import Params, param_shapes
+from ais_jax.model_config import ModelConfig
+
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+# our per-layer name -> Hugging Face suffix after "model.layers.{i}."
+_LAYER_NAMES = {
+    "input_norm": "input_layernorm.weight",
+    "post_norm": "post_attention_layernorm.weight",
+    "q_proj": "self_attn.q_proj.weight", "k_proj": "self_attn.k_proj.weight",
+    "v_proj": "self_attn.v_proj.weight", "o_proj": "self_attn.o_proj.weight",
+    "q_bias": "self_attn.q_proj.bias", "k_bias": "self_attn.k_proj.bias",
+    "v_bias": "self_attn.v_proj.bias",
+    "q_norm": "self_attn.q_norm.weight", "k_norm": "self_attn.k_norm.weight",
+    "gate_proj": "mlp.gate_proj.weight", "up_proj": "mlp.up_proj.weight",
+    "down_proj": "mlp.down_proj.weight",
+}
+_TOP_NAMES = {"embed": "model.embed_tokens.weight", "final_norm": "model.norm.weight",
+              "lm_head": "lm_head.weight"}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory that cannot be loaded; the message says what and where."""
+
+
+def _hf_names(config: ModelConfig) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Every Hugging Face tensor name -> (our path, expected shape)."""
+    shapes = param_shapes(config)
+    names = {}
+    for ours, hf in _TOP_NAMES.items():
+        if ours in shapes:
+            names[hf] = (ours, tuple(shapes[ours].shape))
+    for ours, sds in shapes["layers"].items():
+        for i in range(config.num_layers):
+            names[f"model.layers.{i}.{_LAYER_NAMES[ours]}"] = (f"layers/{ours}", sds.shape[1:])
+    return names
+
+
+def read_config(path: str | os.PathLike) -> ModelConfig:
+    cfg_file = Path(path) / "config.json"
+    if not Path(path).is_dir():
+        raise CheckpointError(f"Checkpoint directory {str(path)!r} does not exist.")
+    if not cfg_file.is_file():
+        raise CheckpointError(f"{cfg_file} is missing: a Hugging Face checkpoint directory needs "
+                              "config.json beside its safetensors files.")
+    try:
+        hf = json.loads(cfg_file.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{cfg_file} is not valid JSON: {e}.") from None
+    try:
+        return ModelConfig.from_hf_dict(hf, source=str(cfg_file))
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
+
+
+def _weight_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError) as e:
+            raise CheckpointError(f"{index} is not a valid safetensors index ({e!r}).") from None
+        files = [path / f for f in sorted(set(weight_map.values()))]
+        missing = [str(f) for f in files if not f.is_file()]
+        if missing:
+            raise CheckpointError(f"{index} lists shard(s) that do not exist: {missing}.")
+        return files
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        found = sorted(p.name for p in path.iterdir())
+        extra = " (PyTorch .bin files are not read: no pickle)" if any(
+            f.endswith((".bin", ".pt", ".pth")) for f in found) else ""
+        raise CheckpointError(f"No *.safetensors file in {path}{extra}; it holds {found}.")
+    return files
+
+
+def _read_tensors(files: Sequence[Path]) -> dict[str, np.ndarray]:
+    tensors = {}
+    for f in files:
+        try:
+            with safetensors.safe_open(str(f), framework="numpy") as reader:
+                for name in reader.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                    tensors[name] = reader.get_tensor(name)
+        except Exception as e:  # safetensors raises its own error types for corrupt headers
+            raise CheckpointError(f"{f} is not a readable safetensors file "
+                                  f"(corrupt or truncated?): {e}.") from None
+    return tensors
+
+
+def load_hf(path: str | os.PathLike, *, dtype=jnp.bfloat16) -> tuple[ModelConfig, Params]:
+    """Load a local Hugging Face Qwen3/Qwen2 directory as ``(config, params)``.
+
+    >>> config, params = load_hf("/path/to/Qwen3-0.6B")  # doctest: +SKIP
+    """
+    path = Path(path)
+    config = read_config(path)
+    tensors = _read_tensors(_weight_files(path))
+    expected = _hf_names(config)
+    if config.tie_embeddings:  # tied checkpoints may carry a copy of the embedding
+        tensors.pop("lm_head.weight", None)
+    problems = []
+    missing = sorted(set(expected) - set(tensors), key=_natural)
+    unexpected = sorted(set(tensors) - set(expected), key=_natural)
+    if missing:
+        problems.append(f"missing tensor(s) {_short(missing)}")
+    if unexpected:
+        problems.append(f"unexpected tensor(s) {_short(unexpected)}")
+    for name in sorted(set(expected) & set(tensors), key=_natural):
+        want, got = expected[name][1], tuple(tensors[name].shape)
+        if want != got:
+            problems.append(f"tensor {name!r} has shape {got}, expected {want}")
+    if problems:
+        raise CheckpointError(
+            f"Checkpoint {path} does not match its config.json ({config.architecture}, "
+            f"{config.num_layers} layers, hidden {config.hidden_size}, vocab {config.vocab_size}"
+            f"): " + "; ".join(problems[:8]) + (" ..." if len(problems) > 8 else "") + ".")
+
+    layers: dict[str, list[np.ndarray]] = {}
+    params: dict[str, Any] = {}
+    for name, tensor in tensors.items():
+        ours = expected[name][0]
+        if ours.startswith("layers/"):
+            layers.setdefault(ours[len("layers/"):], []).append((_layer_index(name), tensor))
+        else:
+            params[ours] = jnp.asarray(tensor, dtype=dtype)
+    params["layers"] = {k: jnp.asarray(np.stack([t for _, t in sorted(v, key=lambda p: p[0])]),
+                                       dtype=dtype) for k, v in layers.items()}
+    return config, params
+
+
+def save_hf(path: str | os.PathLike, config: ModelConfig, params: Params, *,
+            max_shard_bytes: int = 4 << 30) -> Path:
+    """Write ``params`` as a Hugging Face directory (config.json + safetensors, sharded with an
+    index above ``max_shard_bytes``) that `transformers` loads. Returns the directory."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tensors: dict[str, np.ndarray] = {}
+    for ours, hf in _TOP_NAMES.items():
+        if ours in params:
+            tensors[hf] = np.asarray(params[ours])
+    for ours, stacked in params["layers"].items():
+        for i in range(config.num_layers):
+            tensors[f"model.layers.{i}.{_LAYER_NAMES[ours]}"] = np.asarray(stacked[i])
+    dtype = str(np.asarray(params["embed"]).dtype)
+    shards, current, size = [], {}, 0
+    for name in sorted(tensors, key=_natural):
+        nbytes = tensors[name].nbytes
+        if current and size + nbytes > max_shard_bytes:
+            shards.append(current)
+            current, size = {}, 0
+        current[name] = tensors[name]
+        size += nbytes
+    shards.append(current)
+    for old in path.glob("model*.safetensors*"):
+        old.unlink()
+    if len(shards) == 1:
+        safetensors.numpy.save_file(shards[0], str(path / "model.safetensors"),
+                                    metadata={"format": "pt"})
+    else:
+        weight_map = {}
+        for n, shard in enumerate(shards, 1):
+            fname = f"model-{n:05d}-of-{len(shards):05d}.safetensors"
+            safetensors.numpy.save_file(shard, str(path / fname), metadata={"format": "pt"})
+            weight_map.update({name: fname for name in shard})
+        total = sum(t.nbytes for t in tensors.values())
+        (path / "model.safetensors.index.json").write_text(json.dumps(
+            {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+    (path / "config.json").write_text(json.dumps(config.to_hf_dict(dtype=dtype), indent=2))
+    return path
+
+
+def _layer_index(name: str) -> int:
+    return int(_LAYER.match(name).group(1))
+
+
+def _natural(name: str):
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+
+def _short(names: list[str]) -> str:
+    return repr(names[:6])[:-1] + (f", ... {len(names) - 6} more]" if len(names) > 6 else "]")
+
+
+# ---- tokenizer ---------------------------------------------------------------------------------
+
+
+class HFTokenizer:
+    """`tokenizers`-backed tokenizer read from a checkpoint's `tokenizer.json`; no chat template.
+
+    Same interface as the built-in character tokenizer: ``encode``, ``decode``, ``vocab_size``,
+    ``pad_id``, ``eos_id`` (and ``eos_ids`` for models with several stop tokens).
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        from tokenizers import Tokenizer
+
+        path = Path(path)
+        file = path / "tokenizer.json" if path.is_dir() else path
+        if not file.is_file():
+            raise CheckpointError(f"{file} is missing: the tokenizer is read from tokenizer.json.")
+        try:
+            self._tok = Tokenizer.from_file(str(file))
+        except Exception as e:
+            raise CheckpointError(f"{file} is not a valid tokenizers file: {e}.") from None
+        folder = file.parent
+        self.eos_ids = tuple(_special_ids(folder, "eos_token_id")) or tuple(
+            i for t in ("<|im_end|>", "<|endoftext|>", "</s>")
+            if (i := self._tok.token_to_id(t)) is not None)[:1]
+        pad = _special_ids(folder, "pad_token_id")
+        self.eos_id = self.eos_ids[0] if self.eos_ids else None
+        self.pad_id = pad[0] if pad else (self.eos_id if self.eos_id is not None else 0)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Sequence[int], *, skip_special: bool = True) -> str:
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special)
+
+
+def _special_ids(folder: Path, key: str) -> list[int]:
+    for name in ("generation_config.json", "config.json"):
+        f = folder / name
+        if f.is_file():
+            value = json.loads(f.read_text()).get(key)
+            if value is not None:
+                return [int(v) for v in (value if isinstance(value, list) else [value])]
+    return []
+
+
+def check_vocab(tokenizer: Any, config: ModelConfig) -> None:
+    """A tokenizer whose ids do not fit the model's embedding is an error, not a gather OOB."""
+    if tokenizer.vocab_size > config.vocab_size:
+        raise CheckpointError(
+            f"Tokenizer vocabulary ({tokenizer.vocab_size} ids) is larger than the model's "
+            f"vocab_size ({config.vocab_size}); they do not belong together.")
+

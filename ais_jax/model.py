@@ -1,0 +1,252 @@
+"""Qwen3 (and Qwen2) as pure functions over a parameter pytree.
+
+The decoder is exactly Hugging Face's `Qwen3ForCausalLM`: RMSNorm (float32 statistics), per-head
+q/k RMSNorm before RoPE (Qwen3; off for Qwen2, which has q/k/v biases instead), rotate-half RoPE
+with the config's `rope_theta`, grouped-query attention, SwiGLU MLP, tied or untied embeddings.
+
+Parameters are a plain dict whose per-layer arrays are stacked along a leading L axis, in the
+Hugging Face `[out, in]` layout:
+
+    embed [V, D]   final_norm [D]   lm_head [V, D] (untied only)
+    layers: input_norm [L, D]  q_proj [L, H*E, D]  k_proj/v_proj [L, K*E, D]  o_proj [L, D, H*E]
+            q_norm/k_norm [L, E] (Qwen3)  q_bias [L, H*E]  k_bias/v_bias [L, K*E] (Qwen2)
+            post_norm [L, D]  gate_proj/up_proj [L, F, D]  down_proj [L, D, F]
+
+Every matmul goes through `quant.linear`, so the same code is the BF16 trainer (plain arrays)
+and the FP8 rollout engine (`QArray` weights). The compute dtype is the embedding's dtype;
+logits are always float32.
+
+Two entry points share one layer function:
+- `forward(params, config, tokens_BS, mask_BS)`: full sequence, for training and scoring.
+- `forward_cached(params, config, tokens_BS, cache, mask_BS)`: writes the new keys/values into a
+  `KVCache` and attends over it; a batched prefill and one-token decode steps are both this call.
+Positions come from the padding mask (left padding: position = number of earlier valid tokens).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from ais_jax.model_config import ModelConfig
+from ais_jax.quant import QArray, linear
+
+Params = dict[str, Any]
+_MASKED = -0.7 * float(jnp.finfo(jnp.float32).max)  # finite: a fully masked row stays finite
+
+
+# ---- parameters ---------------------------------------------------------------------------------
+
+
+def init_params(config: ModelConfig, key: jax.Array, dtype=jnp.float32) -> Params:
+    """Random parameters (normal, std 0.02, as Hugging Face's initializer; norms at one)."""
+    c = config
+    L, D, E, F = c.num_layers, c.hidden_size, c.head_dim, c.intermediate_size
+    HE, KE = c.num_heads * E, c.num_kv_heads * E
+    shapes = {
+        "q_proj": (L, HE, D), "k_proj": (L, KE, D), "v_proj": (L, KE, D), "o_proj": (L, D, HE),
+        "gate_proj": (L, F, D), "up_proj": (L, F, D), "down_proj": (L, D, F),
+    }
+    keys = iter(jax.random.split(key, len(shapes) + 2))
+    normal = lambda shape: (0.02 * jax.random.normal(next(keys), shape)).astype(dtype)  # noqa: E731
+    layers = {name: normal(shape) for name, shape in shapes.items()}
+    layers["input_norm"] = jnp.ones((L, D), dtype)
+    layers["post_norm"] = jnp.ones((L, D), dtype)
+    if c.qk_norm:
+        layers["q_norm"] = jnp.ones((L, E), dtype)
+        layers["k_norm"] = jnp.ones((L, E), dtype)
+    if c.attention_bias:
+        layers["q_bias"] = jnp.zeros((L, HE), dtype)
+        layers["k_bias"] = jnp.zeros((L, KE), dtype)
+        layers["v_bias"] = jnp.zeros((L, KE), dtype)
+    params = {"embed": normal((c.vocab_size, D)), "final_norm": jnp.ones((D,), dtype),
+              "layers": layers}
+    if not c.tie_embeddings:
+        params["lm_head"] = normal((c.vocab_size, D))
+    return params
+
+
+def param_shapes(config: ModelConfig, dtype=jnp.bfloat16) -> Params:
+    """The parameter tree as `jax.ShapeDtypeStruct`s, built without allocating it."""
+    return jax.eval_shape(lambda k: init_params(config, k, dtype), jax.random.key(0))
+
+
+def cast_params(params: Params, dtype) -> Params:
+    """Cast floating-point arrays to ``dtype``; quantized weights (`QArray`) are left alone."""
+    def cast(x):
+        return x if isinstance(x, QArray) else x.astype(dtype)
+    return jax.tree_util.tree_map(cast, params, is_leaf=lambda x: isinstance(x, QArray))
+
+
+# ---- building blocks ----------------------------------------------------------------------------
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    """RMSNorm with float32 statistics, cast back before the weight (as Hugging Face does)."""
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return weight.astype(x.dtype) * x32.astype(x.dtype)
+
+
+def rope(x_BSNE: jax.Array, positions_BS: jax.Array, theta: float) -> jax.Array:
+    """Rotate-half rotary embedding; angles in float32, applied in ``x``'s dtype."""
+    E = x_BSNE.shape[-1]
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, E, 2, dtype=jnp.float32) / E))
+    angles_BSe = positions_BS.astype(jnp.float32)[..., None] * inv_freq
+    angles_BSE = jnp.concatenate([angles_BSe, angles_BSe], axis=-1)[:, :, None, :]
+    cos, sin = jnp.cos(angles_BSE).astype(x_BSNE.dtype), jnp.sin(angles_BSE).astype(x_BSNE.dtype)
+    x1, x2 = jnp.split(x_BSNE, 2, axis=-1)
+    return x_BSNE * cos + jnp.concatenate([-x2, x1], axis=-1) * sin
+
+
+def attention(q_BSHE: jax.Array, k_BTKE: jax.Array, v_BTKE: jax.Array,
+              allowed_BST: jax.Array) -> jax.Array:
+    """Grouped-query softmax attention (R = H // K query heads per kv head), float32 softmax."""
+    B, S, H, E = q_BSHE.shape
+    K = k_BTKE.shape[2]
+    q_BSKRE = q_BSHE.reshape(B, S, K, H // K, E)
+    scores_BKRST = jnp.einsum("bskre,btke->bkrst", q_BSKRE, k_BTKE,
+                              preferred_element_type=jnp.float32) * (E ** -0.5)
+    scores_BKRST = jnp.where(allowed_BST[:, None, None], scores_BKRST, _MASKED)
+    probs_BKRST = jax.nn.softmax(scores_BKRST, axis=-1).astype(v_BTKE.dtype)
+    out_BSKRE = jnp.einsum("bkrst,btke->bskre", probs_BKRST, v_BTKE)
+    return out_BSKRE.reshape(B, S, H * E)
+
+
+def _qkv(lp: Params, c: ModelConfig, x_BSD, positions_BS, row_mask_BS):
+    B, S, _ = x_BSD.shape
+    q = linear(x_BSD, lp["q_proj"], row_mask=row_mask_BS)
+    k = linear(x_BSD, lp["k_proj"], row_mask=row_mask_BS)
+    v = linear(x_BSD, lp["v_proj"], row_mask=row_mask_BS)
+    if c.attention_bias:
+        q, k, v = q + lp["q_bias"].astype(q.dtype), k + lp["k_bias"].astype(k.dtype), \
+            v + lp["v_bias"].astype(v.dtype)
+    q_BSHE = q.reshape(B, S, c.num_heads, c.head_dim)
+    k_BSKE = k.reshape(B, S, c.num_kv_heads, c.head_dim)
+    v_BSKE = v.reshape(B, S, c.num_kv_heads, c.head_dim)
+    if c.qk_norm:
+        q_BSHE = rms_norm(q_BSHE, lp["q_norm"], c.rms_norm_eps)
+        k_BSKE = rms_norm(k_BSKE, lp["k_norm"], c.rms_norm_eps)
+    return (rope(q_BSHE, positions_BS, c.rope_theta), rope(k_BSKE, positions_BS, c.rope_theta),
+            v_BSKE)
+
+
+def _mlp(lp: Params, x_BSD, row_mask_BS):
+    gate = linear(x_BSD, lp["gate_proj"], row_mask=row_mask_BS)
+    up = linear(x_BSD, lp["up_proj"], row_mask=row_mask_BS)
+    return linear(jax.nn.silu(gate) * up, lp["down_proj"], row_mask=row_mask_BS)
+
+
+def _layer(lp: Params, c: ModelConfig, x_BSD, positions_BS, row_mask_BS, attend):
+    """One decoder layer; ``attend(q, k, v) -> out`` decides where keys/values come from."""
+    h = rms_norm(x_BSD, lp["input_norm"], c.rms_norm_eps)
+    q_BSHE, k_BSKE, v_BSKE = _qkv(lp, c, h, positions_BS, row_mask_BS)
+    x_BSD = x_BSD + linear(attend(q_BSHE, k_BSKE, v_BSKE), lp["o_proj"], row_mask=row_mask_BS)
+    h = rms_norm(x_BSD, lp["post_norm"], c.rms_norm_eps)
+    return x_BSD + _mlp(lp, h, row_mask_BS)
+
+
+def _layer_params(params: Params, i: int) -> Params:
+    return jax.tree_util.tree_map(lambda a: a[i], params["layers"])
+
+
+def _logits(params: Params, c: ModelConfig, x_BSD, row_mask_BS) -> jax.Array:
+    x_BSD = rms_norm(x_BSD, params["final_norm"], c.rms_norm_eps)
+    head = params.get("lm_head", params["embed"])
+    return linear(x_BSD, head, row_mask=row_mask_BS, out_dtype=jnp.float32)
+
+
+def positions_from_mask(mask_BS: jax.Array, offset_B: jax.Array | int = 0) -> jax.Array:
+    """Left-padding positions: the number of earlier valid tokens (0 on padding)."""
+    pos = jnp.cumsum(mask_BS.astype(jnp.int32), axis=-1) - 1 + jnp.asarray(offset_B)[..., None]
+    return jnp.maximum(pos, 0)
+
+
+# ---- full sequence ------------------------------------------------------------------------------
+
+
+def forward(params: Params, config: ModelConfig, tokens_BS: jax.Array,
+            mask_BS: jax.Array | None = None, *, return_hidden: bool = False) -> jax.Array:
+    """Logits ``[B, S, V]`` (float32) of a left-padded batch; ``mask_BS`` marks valid tokens.
+
+    Padded positions give finite values that no valid position depends on.
+    """
+    if mask_BS is None:
+        mask_BS = jnp.ones(tokens_BS.shape, bool)
+    mask_BS = mask_BS.astype(bool)
+    S = tokens_BS.shape[1]
+    positions_BS = positions_from_mask(mask_BS)
+    causal_SS = jnp.tril(jnp.ones((S, S), bool))
+    allowed_BSS = causal_SS[None] & mask_BS[:, None, :]
+    x_BSD = jnp.take(params["embed"], tokens_BS, axis=0)
+    attend = lambda q, k, v: attention(q, k, v, allowed_BSS)  # noqa: E731
+    for i in range(config.num_layers):
+        x_BSD = _layer(_layer_params(params, i), config, x_BSD, positions_BS, mask_BS, attend)
+    if return_hidden:
+        return x_BSD
+    return _logits(params, config, x_BSD, mask_BS)
+
+
+# ---- KV cache ---------------------------------------------------------------------------------
+
+
+@struct.dataclass
+class KVCache:
+    """Keys/values of every layer for a batch of rows; slots are filled left to right.
+
+    k/v: ``[L, B, T, K, E]``; valid: ``[B, T]`` slots holding a real token; next_pos: ``[B]``
+    position of each row's next token; index: the next free slot (same for every row).
+    """
+
+    k: jax.Array
+    v: jax.Array
+    valid: jax.Array
+    next_pos: jax.Array
+    index: jax.Array
+
+
+def init_cache(config: ModelConfig, batch: int, max_len: int, dtype=jnp.bfloat16) -> KVCache:
+    shape = (config.num_layers, batch, max_len, config.num_kv_heads, config.head_dim)
+    return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
+                   valid=jnp.zeros((batch, max_len), bool),
+                   next_pos=jnp.zeros((batch,), jnp.int32), index=jnp.zeros((), jnp.int32))
+
+
+def forward_cached(params: Params, config: ModelConfig, tokens_BS: jax.Array, cache: KVCache,
+                   mask_BS: jax.Array | None = None) -> tuple[jax.Array, KVCache]:
+    """Append ``tokens_BS`` to the cache and return their logits ``[B, S, V]`` (float32).
+
+    ``mask_BS`` marks real tokens (left padding in a prefill; finished rows in a decode step):
+    unmasked tokens are neither attended to later nor counted in activation scales.
+    """
+    B, S = tokens_BS.shape
+    if mask_BS is None:
+        mask_BS = jnp.ones((B, S), bool)
+    mask_BS = mask_BS.astype(bool)
+    T = cache.valid.shape[1]
+    start = cache.index
+    positions_BS = positions_from_mask(mask_BS, cache.next_pos)
+    valid_BT = jax.lax.dynamic_update_slice(cache.valid, mask_BS, (0, start))
+    slot_T = jnp.arange(T)
+    allowed_BST = valid_BT[:, None, :] & (slot_T[None, :] <= start + jnp.arange(S)[:, None])[None]
+
+    k_cache, v_cache = cache.k, cache.v
+    x_BSD = jnp.take(params["embed"], tokens_BS, axis=0)
+    for i in range(config.num_layers):
+        def attend(q_BSHE, k_BSKE, v_BSKE, i=i):
+            nonlocal k_cache, v_cache
+            k_cache = jax.lax.dynamic_update_slice(
+                k_cache, k_BSKE[None].astype(k_cache.dtype), (i, 0, start, 0, 0))
+            v_cache = jax.lax.dynamic_update_slice(
+                v_cache, v_BSKE[None].astype(v_cache.dtype), (i, 0, start, 0, 0))
+            return attention(q_BSHE, k_cache[i].astype(q_BSHE.dtype),
+                             v_cache[i].astype(q_BSHE.dtype), allowed_BST)
+        x_BSD = _layer(_layer_params(params, i), config, x_BSD, positions_BS, mask_BS, attend)
+    logits_BSV = _logits(params, config, x_BSD, mask_BS)
+    new_cache = KVCache(k=k_cache, v=v_cache, valid=valid_BT,
+                        next_pos=cache.next_pos + mask_BS.sum(-1, dtype=jnp.int32),
+                        index=start + S)
+    return logits_BSV, new_cache

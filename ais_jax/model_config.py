@@ -1,0 +1,184 @@
+"""The Qwen3 / Qwen2 architecture as one frozen dataclass, with presets for the real sizes.
+
+`ModelConfig` carries exactly the fields Hugging Face's `Qwen3Config` / `Qwen2Config` need to
+describe the decoder: the two families differ only by `qk_norm` (Qwen3: RMSNorm on each query and
+key head before RoPE) and `attention_bias` (Qwen2: biases on the q/k/v projections). `head_dim` is
+decoupled from `hidden_size // num_heads`, as in Qwen3.
+
+Presets are constructors: `ModelConfig.qwen3_8b()`, `ModelConfig.tiny()`. Real sizes are checked
+against the published `config.json` files of the Qwen3 release.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen2ForCausalLM")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """Decoder hyper-parameters. Dimension letters: V vocab, D hidden, L layers, H query heads,
+    K kv heads, E head dim, F MLP dim."""
+
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rope_theta: float = 1_000_000.0
+    rms_norm_eps: float = 1e-6
+    tie_embeddings: bool = True
+    qk_norm: bool = True
+    attention_bias: bool = False
+    max_position_embeddings: int = 40_960
+
+    def __post_init__(self):
+        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
+                     "head_dim", "intermediate_size", "max_position_embeddings"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"ModelConfig.{name} must be a positive integer, got {value!r}.")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"ModelConfig.num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
+                f"({self.num_kv_heads}) for grouped-query attention."
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"ModelConfig.head_dim must be even for RoPE, got {self.head_dim}.")
+        if not self.rope_theta > 0:
+            raise ValueError(f"ModelConfig.rope_theta must be > 0, got {self.rope_theta!r}.")
+        if not self.rms_norm_eps > 0:
+            raise ValueError(f"ModelConfig.rms_norm_eps must be > 0, got {self.rms_norm_eps!r}.")
+
+    @property
+    def architecture(self) -> str:
+        return "Qwen3ForCausalLM" if self.qk_norm else "Qwen2ForCausalLM"
+
+    @property
+    def num_params(self) -> int:
+        d, e, f = self.hidden_size, self.head_dim, self.intermediate_size
+        h, k = self.num_heads, self.num_kv_heads
+        attn = d * e * (2 * h + 2 * k) + (2 * e if self.qk_norm else 0)
+        attn += (h + 2 * k) * e if self.attention_bias else 0
+        layer = attn + 3 * d * f + 2 * d
+        embed = self.vocab_size * d * (1 if self.tie_embeddings else 2)
+        return self.num_layers * layer + embed + d
+
+    # ---- presets -------------------------------------------------------------------------
+    @classmethod
+    def qwen3_0p6b(cls) -> ModelConfig:
+        return cls(vocab_size=151_936, hidden_size=1024, num_layers=28, num_heads=16,
+                   num_kv_heads=8, head_dim=128, intermediate_size=3072)
+
+    @classmethod
+    def qwen3_1p7b(cls) -> ModelConfig:
+        return cls(vocab_size=151_936, hidden_size=2048, num_layers=28, num_heads=16,
+                   num_kv_heads=8, head_dim=128, intermediate_size=6144)
+
+    @classmethod
+    def qwen3_4b(cls) -> ModelConfig:
+        return cls(vocab_size=151_936, hidden_size=2560, num_layers=36, num_heads=32,
+                   num_kv_heads=8, head_dim=128, intermediate_size=9728)
+
+    @classmethod
+    def qwen3_8b(cls) -> ModelConfig:
+        return cls(vocab_size=151_936, hidden_size=4096, num_layers=36, num_heads=32,
+                   num_kv_heads=8, head_dim=128, intermediate_size=12288, tie_embeddings=False)
+
+    @classmethod
+    def tiny(cls, vocab_size: int = 512) -> ModelConfig:
+        """The benchmark's "tiny" shape (about 1M parameters with a 512 vocabulary)."""
+        return cls(vocab_size=vocab_size, hidden_size=128, num_layers=4, num_heads=4,
+                   num_kv_heads=2, head_dim=32, intermediate_size=384, max_position_embeddings=4096)
+
+    @classmethod
+    def small(cls, vocab_size: int = 32_000) -> ModelConfig:
+        """The benchmark's "small" shape (about 40M parameters with a 32k vocabulary)."""
+        return cls(vocab_size=vocab_size, hidden_size=512, num_layers=8, num_heads=8,
+                   num_kv_heads=4, head_dim=64, intermediate_size=1536,
+                   max_position_embeddings=4096)
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> ModelConfig:
+        """Build a preset by name (``"qwen3-8b"``, ``"tiny"``, ...) with field overrides."""
+        key = name.lower().replace("-", "_").replace(".", "p")
+        if key not in PRESETS:
+            raise ValueError(f"Unknown model preset {name!r}; valid presets: {sorted(PRESETS)}.")
+        return dataclasses.replace(getattr(cls, PRESETS[key])(), **overrides)
+
+    # ---- Hugging Face config.json ---------------------------------------------------------
+    @classmethod
+    def from_hf_dict(cls, hf: dict[str, Any], *, source: str = "config.json") -> ModelConfig:
+        """Map a Hugging Face `config.json` dict onto a ModelConfig (clear error on mismatch)."""
+        archs = hf.get("architectures") or []
+        arch = archs[0] if archs else {"qwen3": ARCHITECTURES[0], "qwen2": ARCHITECTURES[1]}.get(
+            hf.get("model_type", ""), None)
+        if arch not in ARCHITECTURES:
+            raise ValueError(
+                f"{source}: unsupported architecture {arch!r} (model_type "
+                f"{hf.get('model_type')!r}); ais_jax loads {list(ARCHITECTURES)}."
+            )
+        missing = [k for k in ("vocab_size", "hidden_size", "num_hidden_layers",
+                               "num_attention_heads", "intermediate_size") if k not in hf]
+        if missing:
+            raise ValueError(f"{source}: required field(s) {missing} missing for {arch}.")
+        rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type not in ("default", None):
+            raise ValueError(f"{source}: rope_type {rope_type!r} is not supported; only 'default'.")
+        rope_theta = rope.get("rope_theta", hf.get("rope_theta", 10_000.0))
+        heads = hf["num_attention_heads"]
+        qwen3 = arch == ARCHITECTURES[0]
+        return cls(
+            vocab_size=hf["vocab_size"],
+            hidden_size=hf["hidden_size"],
+            num_layers=hf["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=hf.get("num_key_value_heads") or heads,
+            head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+            intermediate_size=hf["intermediate_size"],
+            rope_theta=float(rope_theta),
+            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            qk_norm=qwen3,
+            attention_bias=bool(hf.get("attention_bias", not qwen3)),
+            max_position_embeddings=hf.get("max_position_embeddings", 40_960),
+        )
+
+    def to_hf_dict(self, *, dtype: str = "bfloat16") -> dict[str, Any]:
+        model_type = "qwen3" if self.qk_norm else "qwen2"
+        return {
+            "architectures": [self.architecture],
+            "model_type": model_type,
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "intermediate_size": self.intermediate_size,
+            "hidden_act": "silu",
+            "rope_theta": self.rope_theta,
+            "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta},
+            "rms_norm_eps": self.rms_norm_eps,
+            "tie_word_embeddings": self.tie_embeddings,
+            "attention_bias": self.attention_bias,
+            "max_position_embeddings": self.max_position_embeddings,
+            "use_sliding_window": False,
+            "torch_dtype": dtype,
+            "dtype": dtype,
+        }
+
+
+PRESETS = {
+    "qwen3_0p6b": "qwen3_0p6b",
+    "qwen3_1p7b": "qwen3_1p7b",
+    "qwen3_4b": "qwen3_4b",
+    "qwen3_8b": "qwen3_8b",
+    "tiny": "tiny",
+    "small": "small",
+}

@@ -1,0 +1,215 @@
+"""Low-precision rollout weights: one pytree type and ONE matmul wrapper.
+
+The rollout engine of SPEC.md section 1 runs every linear layer as W8A8 FP8 with per-tensor
+dynamic scaling:
+
+    s_w = max|W| / fmax          once per weight sync     (fmax = 448 for float8_e4m3fn)
+    s_x = max|X| / fmax          per call, over the valid rows of the activation
+    Q(X) = cast(clip(X / s_x, -fmax, fmax))
+    Y = (Q(X) @ Q(W)^T) * (s_x * s_w)      dot on the FP8 operands, float32 accumulation
+
+`QArray(quant, scale)` holds a quantized weight in the Hugging Face `[out, in]` layout, so the
+contraction is row-major x column-major, the form XLA's GPU GEMM rewriter lowers to a cuBLASLt
+FP8 GEMM on Hopper (scalar scales, `preferred_element_type=float32`). On CPU and TPU the same
+code runs (XLA converts the FP8 operands where the hardware has no FP8 units).
+
+`linear(x, w)` is the only matmul of the model: a plain array `w` gives the BF16/FP32 trainer
+path, a `QArray` gives the quantized rollout path, so both policies are literally the same
+model code and FP8 is the only difference between them.
+
+Formats: float8_e4m3fn (default) and float8_e5m2 are native JAX dtypes. float6_e3m2fn,
+float6_e2m3fn and float4_e2m1fn (FP4, left as future work by the paper) are *emulated*: values
+are rounded to the format's grid (round-to-nearest-even, saturating) in float32 and stored in a
+float8_e4m3fn container, which holds every one of their values exactly. Their numerics are the
+real format's; their memory is one byte per value, not 6 or 4 bits.
+
+Activation scaling: ``act_scaling="tensor"`` (the paper's choice) shares one scale across the
+whole activation tensor, so a sequence's FP8 log-probs depend on its batch-mates and differ
+between a batched prefill and one-token decode steps. ``act_scaling="token"`` gives every row
+(token) its own scale, which removes that coupling at the cost of a row-wise rescale.
+Rows marked invalid by ``row_mask`` (padding, finished sequences) never enter an amax.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from flax import struct
+
+ACT_SCALINGS = ("tensor", "token")
+
+
+@dataclasses.dataclass(frozen=True)
+class Format:
+    """A low-precision number format: its grid and how it is stored."""
+
+    name: str
+    max: float  # largest finite value
+    nmant: int  # explicit mantissa bits
+    minexp: int  # exponent of the smallest normal number
+    storage: Any  # JAX dtype the codes are stored in
+    native: bool  # True if `storage` *is* the format (no emulation)
+
+
+def _format(name: str, native: bool) -> Format:
+    info = ml_dtypes.finfo(getattr(ml_dtypes, name))
+    storage = jnp.dtype(getattr(jnp, name)) if native else jnp.dtype(jnp.float8_e4m3fn)
+    return Format(name, float(info.max), int(info.nmant), int(info.minexp), storage, native)
+
+
+FORMATS: dict[str, Format] = {
+    "float8_e4m3fn": _format("float8_e4m3fn", True),
+    "float8_e5m2": _format("float8_e5m2", True),
+    "float6_e3m2fn": _format("float6_e3m2fn", False),
+    "float6_e2m3fn": _format("float6_e2m3fn", False),
+    "float4_e2m1fn": _format("float4_e2m1fn", False),
+}
+
+# Parameter names of the linear weights the rollout copy quantizes (model.py's naming).
+LINEAR_WEIGHTS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def get_format(name: str) -> Format:
+    if name not in FORMATS:
+        raise ValueError(f"Unknown quantization format {name!r}; valid formats: {list(FORMATS)}.")
+    return FORMATS[name]
+
+
+@struct.dataclass
+class QArray:
+    """A quantized weight: ``value ~= quant.astype(float32) * scale``.
+
+    quant: codes, ``[..., O, I]`` in the format's storage dtype.
+    scale: float32 per-tensor scale, shape ``[...]`` (one per stacked layer).
+    """
+
+    quant: jax.Array
+    scale: jax.Array
+    fmt: str = struct.field(pytree_node=False, default="float8_e4m3fn")
+    act_scaling: str = struct.field(pytree_node=False, default="tensor")
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.quant.shape
+
+    def dequantize(self, dtype=jnp.float32) -> jax.Array:
+        scale = self.scale.reshape(self.scale.shape + (1, 1))
+        return (self.quant.astype(jnp.float32) * scale).astype(dtype)
+
+
+# ---- the quantizer ----------------------------------------------------------------------------
+
+
+def round_to_format(x: jax.Array, fmt: Format) -> jax.Array:
+    """Round float32 ``x`` (already scaled) to the nearest value of ``fmt``, saturating at its
+    max, and return it in the storage dtype. Never produces NaN for finite input."""
+    x = jnp.clip(x.astype(jnp.float32), -fmt.max, fmt.max)
+    if fmt.native:
+        return x.astype(fmt.storage)
+    # Emulation: the grid step in the binade of |x| is 2^(e - nmant), with e >= minexp
+    # (subnormals share the smallest binade's step). jnp.round is round-half-to-even.
+    _, exp = jnp.frexp(x)  # |x| = m * 2^exp with m in [0.5, 1)
+    e = jnp.maximum(exp - 1, fmt.minexp)
+    step = jnp.ldexp(jnp.ones_like(x), e - fmt.nmant)
+    q = jnp.clip(jnp.round(x / step) * step, -fmt.max, fmt.max)
+    return q.astype(fmt.storage)
+
+
+def _safe_scale(amax: jax.Array, fmt: Format) -> jax.Array:
+    """amax / fmax, with 1.0 for an all-zero (or all-masked) tensor so 0/0 never happens."""
+    amax = amax.astype(jnp.float32)
+    return jnp.where(amax > 0, amax / fmt.max, 1.0)
+
+
+def quantize_weight(w_OI: jax.Array, fmt: str = "float8_e4m3fn", *,
+                    act_scaling: str = "tensor") -> QArray:
+    """Per-tensor quantization of a ``[..., O, I]`` weight (one scale per leading index).
+
+    The weight is first rounded to bfloat16, the trainer's compute dtype, so the rollout copy
+    quantizes exactly the values the trainer's forward uses.
+    """
+    f = get_format(fmt)
+    if act_scaling not in ACT_SCALINGS:
+        raise ValueError(f"act_scaling={act_scaling!r}; valid values: {list(ACT_SCALINGS)}.")
+    w = jnp.asarray(w_OI).astype(jnp.bfloat16).astype(jnp.float32)
+    scale = _safe_scale(jnp.max(jnp.abs(w), axis=(-2, -1)), f)
+    quant = round_to_format(w / scale[..., None, None], f)
+    return QArray(quant=quant, scale=scale, fmt=fmt, act_scaling=act_scaling)
+
+
+def quantize_activation(x: jax.Array, fmt: Format, *, act_scaling: str = "tensor",
+                        row_mask: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+    """Dynamic scaling of an activation ``x[..., I]``; returns (codes, scale).
+
+    ``scale`` is a scalar (per tensor) or ``[..., 1]`` (per row). ``row_mask[...]`` (bool)
+    excludes rows from the per-tensor amax.
+    """
+    x32 = x.astype(jnp.float32)
+    if act_scaling == "token":
+        scale = _safe_scale(jnp.max(jnp.abs(x32), axis=-1, keepdims=True), fmt)
+    else:
+        absx = jnp.abs(x32)
+        if row_mask is not None:
+            absx = jnp.where(row_mask[..., None], absx, 0.0)
+        scale = _safe_scale(jnp.max(absx), fmt)
+    return round_to_format(x32 / scale, fmt), scale
+
+
+def linear(x: jax.Array, w: jax.Array | QArray, *, row_mask: jax.Array | None = None,
+           out_dtype=None) -> jax.Array:
+    """``y[..., O] = x[..., I] @ w[O, I]^T``; the one matmul of the model.
+
+    A plain array ``w`` runs in ``x.dtype`` (bf16 or f32 trainer path). A `QArray` runs the
+    W8A8 path: ``x`` is quantized with a dynamic scale (masked rows excluded) and the dot takes
+    the low-precision operands with float32 accumulation, rescaled by both scales.
+    """
+    out_dtype = out_dtype or x.dtype
+    if not isinstance(w, QArray):
+        return jnp.einsum("...i,oi->...o", x, w.astype(x.dtype),
+                          preferred_element_type=out_dtype)
+    fmt = get_format(w.fmt)
+    xq, x_scale = quantize_activation(x, fmt, act_scaling=w.act_scaling, row_mask=row_mask)
+    y = jnp.einsum("...i,oi->...o", xq, w.quant, preferred_element_type=jnp.float32)
+    return (y * (x_scale * w.scale)).astype(out_dtype)
+
+
+# ---- whole-tree helpers --------------------------------------------------------------------
+
+
+def quantize_params(params: Mapping[str, Any], fmt: str = "float8_e4m3fn", *,
+                    act_scaling: str = "tensor", lm_head: bool = False) -> dict[str, Any]:
+    """The rollout copy of trainer params: every linear weight of every layer becomes a
+    `QArray`; embeddings, norms and biases stay bfloat16. ``lm_head=True`` also quantizes the
+    output projection (a separate quantized copy when embeddings are tied)."""
+    get_format(fmt)
+    if act_scaling not in ACT_SCALINGS:
+        raise ValueError(f"act_scaling={act_scaling!r}; valid values: {list(ACT_SCALINGS)}.")
+    bf16 = lambda a: jnp.asarray(a).astype(jnp.bfloat16)  # noqa: E731
+    out = {k: bf16(v) for k, v in params.items() if k != "layers"}
+    out["layers"] = {
+        name: (quantize_weight(w, fmt, act_scaling=act_scaling) if name in LINEAR_WEIGHTS
+               else bf16(w))
+        for name, w in params["layers"].items()
+    }
+    if lm_head:
+        head = params.get("lm_head", params["embed"])
+        out["lm_head"] = quantize_weight(head, fmt, act_scaling=act_scaling)
+    return out
+
+
+def quantize_fp8(params: Mapping[str, Any], *, act_scaling: str = "tensor",
+                 lm_head: bool = False) -> dict[str, Any]:
+    """FP8 E4M3 W8A8 rollout copy (per-tensor weight scales); see `quantize_params`."""
+    return quantize_params(params, "float8_e4m3fn", act_scaling=act_scaling, lm_head=lm_head)
+
+
+def tree_bytes(tree: Any) -> int:
+    """Bytes held by the arrays of a pytree (QArray codes count at their storage size)."""
+    return int(sum(np.dtype(x.dtype).itemsize * int(np.prod(x.shape))
+                   for x in jax.tree_util.tree_leaves(tree)))

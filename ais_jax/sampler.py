@@ -1,0 +1,221 @@
+"""The rollout engine: batched sampling with a KV cache, and trainer-side re-scoring.
+
+`generate` left-pads a batch of prompts, runs one prefill over them, then decodes one token per
+row per step inside a `lax.while_loop` until every row has emitted an end-of-sequence id or
+`max_new_tokens` is reached. The whole thing is one jitted function: `temperature`, `top_k` and
+`top_p` are runtime values, so changing them does not recompile. The params may be the BF16
+trainer tree or its quantized rollout copy (`quant.quantize_fp8`): it is the same code.
+
+Which log-prob goes into the importance ratio
+---------------------------------------------
+`Rollout` records two log-probs of every sampled token, both at sampling time from the logits the
+sampler actually used (as an inference engine returns them):
+
+- ``logp``: under the distribution actually sampled from (temperature, then top-k / top-p
+  filtering and renormalisation). This is the exact behaviour probability.
+- ``logp_plain``: ``log_softmax(logits / temperature)`` over the full vocabulary, unfiltered.
+
+The rollout-vs-trainer ratio rho_rt = exp(logp_train - logp_rollout) must use **logp_plain**:
+`token_logprobs` computes the trainer side as the same temperature-scaled, unfiltered
+log-softmax, so the ratio then measures only the FP8-vs-BF16 difference. Using the filtered
+``logp`` would add log(kept probability mass) to every token's log-ratio, a "mismatch" that is
+really the top-p/top-k renormalisation (a known source of false mismatch in RL frameworks).
+With the default full-vocabulary sampling (top_k=None, top_p=None) the two are identical.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from ais_jax.model import Params, forward, forward_cached, init_cache
+from ais_jax.model_config import ModelConfig
+
+
+@struct.dataclass
+class Rollout:
+    """A batch of sampled responses. P prompt length (left padded), T = max_new_tokens.
+
+    tokens/mask ``[B, T]``: the response (its end-of-sequence token included, then padding);
+    logp/logp_plain ``[B, T]`` float32 (0 under padding): see the module docstring;
+    lengths ``[B]``; finished ``[B]``: the row emitted an end-of-sequence id.
+    """
+
+    prompt_tokens: jax.Array
+    prompt_mask: jax.Array
+    tokens: jax.Array
+    mask: jax.Array
+    logp: jax.Array
+    logp_plain: jax.Array
+    lengths: jax.Array
+    finished: jax.Array
+
+
+def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int = 0,
+                length: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Left-pad token lists to ``[B, P]`` (``P`` = ``length`` or the longest prompt)."""
+    if len(prompts) == 0:
+        raise ValueError("generate needs at least one prompt; got an empty batch.")
+    longest = max(len(p) for p in prompts)
+    if longest == 0 or min(len(p) for p in prompts) == 0:
+        raise ValueError("Every prompt needs at least one token; got an empty prompt.")
+    length = longest if length is None else length
+    if longest > length:
+        raise ValueError(f"A prompt has {longest} tokens, more than the padded length {length}.")
+    tokens = np.full((len(prompts), length), pad_id, np.int32)
+    mask = np.zeros((len(prompts), length), bool)
+    for row, p in enumerate(prompts):
+        tokens[row, length - len(p):] = p
+        mask[row, length - len(p):] = True
+    return tokens, mask
+
+
+def filter_logits(logits_BV: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
+    """Top-k then top-p (nucleus) filtering with traced ``top_k`` (int) and ``top_p`` (float).
+
+    Keeps the ``top_k`` largest logits, then the smallest prefix of them (by probability,
+    renormalised over the top-k) whose mass reaches ``top_p``; the rest become -inf.
+    """
+    V = logits_BV.shape[-1]
+    sorted_BV = -jnp.sort(-logits_BV, axis=-1)
+    rank_V = jnp.arange(V)
+    sorted_BV = jnp.where(rank_V < top_k, sorted_BV, -jnp.inf)
+    probs_BV = jax.nn.softmax(sorted_BV, axis=-1)
+    mass_before_BV = jnp.cumsum(probs_BV, axis=-1) - probs_BV
+    keep_BV = (mass_before_BV < top_p) & (rank_V < top_k)
+    threshold_B1 = jnp.min(jnp.where(keep_BV, sorted_BV, jnp.inf), axis=-1, keepdims=True)
+    return jnp.where(logits_BV >= threshold_B1, logits_BV, -jnp.inf)
+
+
+def _sample(key, logits_BV, temperature, top_k, top_p):
+    """One token per row, with its filtered (sampled-from) and plain log-probs."""
+    scaled_BV = logits_BV.astype(jnp.float32) / temperature
+    V = scaled_BV.shape[-1]
+    needs_filter = (top_k < V) | (top_p < 1.0)
+    filtered_BV = jax.lax.cond(needs_filter, filter_logits, lambda x, k, p: x,
+                               scaled_BV, top_k, top_p)
+    token_B = jax.random.categorical(key, filtered_BV, axis=-1).astype(jnp.int32)
+    take = lambda lp: jnp.take_along_axis(lp, token_B[:, None], axis=-1)[:, 0]  # noqa: E731
+    return (token_B, take(jax.nn.log_softmax(filtered_BV, axis=-1)),
+            take(jax.nn.log_softmax(scaled_BV, axis=-1)))
+
+
+@functools.partial(jax.jit, static_argnames=("config", "max_new_tokens", "eos_ids", "pad_id"))
+def _generate(params, config, prompt_BP, prompt_mask_BP, key, temperature, top_k, top_p, *,
+              max_new_tokens, eos_ids, pad_id):
+    B, P = prompt_BP.shape
+    T = max_new_tokens
+    cache = init_cache(config, B, P + T, params["embed"].dtype)
+    logits_BPV, cache = forward_cached(params, config, prompt_BP, cache, prompt_mask_BP)
+    eos_E = jnp.asarray(eos_ids if eos_ids else (-1,), jnp.int32)
+
+    def emit(state, t, logits_BV):
+        tokens, mask, logp, logp_plain, done, _ = state
+        token_B, lp_B, lpp_B = _sample(jax.random.fold_in(key, t), logits_BV, temperature,
+                                       top_k, top_p)
+        live_B = ~done
+        token_B = jnp.where(live_B, token_B, pad_id)
+        write = lambda buf, v: jax.lax.dynamic_update_slice(buf, v[:, None], (0, t))  # noqa: E731
+        tokens = write(tokens, token_B)
+        mask = write(mask, live_B)
+        logp = write(logp, jnp.where(live_B, lp_B, 0.0))
+        logp_plain = write(logp_plain, jnp.where(live_B, lpp_B, 0.0))
+        done = done | (live_B & jnp.isin(token_B, eos_E))
+        return (tokens, mask, logp, logp_plain, done, token_B)
+
+    state = (jnp.full((B, T), pad_id, jnp.int32), jnp.zeros((B, T), bool),
+             jnp.zeros((B, T), jnp.float32), jnp.zeros((B, T), jnp.float32),
+             jnp.zeros((B,), bool), jnp.zeros((B,), jnp.int32))
+    state = emit(state, 0, logits_BPV[:, -1])
+
+    def cond(carry):
+        t, _, state = carry
+        return (t < T) & ~jnp.all(state[4])
+
+    def body(carry):
+        t, cache, state = carry
+        live_B1 = ~state[4][:, None]
+        logits_B1V, cache = forward_cached(params, config, state[5][:, None], cache, live_B1)
+        return t + 1, cache, emit(state, t, logits_B1V[:, 0])
+
+    _, _, (tokens, mask, logp, logp_plain, done, _) = jax.lax.while_loop(
+        cond, body, (jnp.asarray(1, jnp.int32), cache, state))
+    return Rollout(prompt_tokens=prompt_BP, prompt_mask=prompt_mask_BP, tokens=tokens,
+                   mask=mask, logp=logp, logp_plain=logp_plain,
+                   lengths=mask.sum(-1, dtype=jnp.int32), finished=done)
+
+
+def generate(params: Params, config: ModelConfig, prompts, key: jax.Array, *,
+             max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+             top_p: float | None = None, eos_ids: Sequence[int] = (), pad_id: int = 0,
+             prompt_mask=None) -> Rollout:
+    """Sample up to ``max_new_tokens`` tokens after each prompt.
+
+    ``prompts`` is a list of token-id lists (left-padded here) or a ``[B, P]`` array with its
+    ``prompt_mask``. Deterministic for a given ``key``. Changing ``temperature``, ``top_k`` or
+    ``top_p`` between calls reuses the compiled program.
+
+    >>> rollout = generate(params, config, [[1, 2, 3], [4]], jax.random.key(0),
+    ...                    max_new_tokens=16, eos_ids=(2,))  # doctest: +SKIP
+    """
+    if not isinstance(max_new_tokens, int | np.integer) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}.")
+    _check_sampling(temperature, top_k, top_p, config.vocab_size)
+    if prompt_mask is None:
+        if isinstance(prompts, jax.Array | np.ndarray):
+            prompt_mask = np.ones(prompts.shape, bool)
+        else:
+            prompts, prompt_mask = pad_prompts(prompts, pad_id)
+    prompts = jnp.asarray(prompts, jnp.int32)
+    if prompts.shape[1] + max_new_tokens > config.max_position_embeddings:
+        raise ValueError(
+            f"Prompt length {prompts.shape[1]} + max_new_tokens {max_new_tokens} exceeds the "
+            f"model's context (max_position_embeddings={config.max_position_embeddings}).")
+    return _generate(params, config, prompts, jnp.asarray(prompt_mask, bool), key,
+                     jnp.float32(temperature),
+                     jnp.int32(config.vocab_size if top_k is None else top_k),
+                     jnp.float32(1.0 if top_p is None else top_p),
+                     max_new_tokens=int(max_new_tokens),
+                     eos_ids=tuple(int(e) for e in eos_ids), pad_id=int(pad_id))
+
+
+def _check_sampling(temperature, top_k, top_p, vocab_size):
+    if isinstance(temperature, int | float) and not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature!r}.")
+    if top_k is not None and isinstance(top_k, int) and not 1 <= top_k <= vocab_size:
+        raise ValueError(f"top_k must be in [1, vocab_size={vocab_size}] or None, got {top_k!r}.")
+    if top_p is not None and isinstance(top_p, int | float) and not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1] or None, got {top_p!r}.")
+
+
+# ---- trainer-side scoring ---------------------------------------------------------------------
+
+
+def token_logprobs(params: Params, config: ModelConfig, prompt_tokens_BP, prompt_mask_BP,
+                   tokens_BT, mask_BT, *, temperature: float | jax.Array = 1.0,
+                   return_entropy: bool = False):
+    """Log-probs ``[B, T]`` (float32) of given response tokens under a full-sequence forward.
+
+    This is logp_train of SPEC.md: ``log_softmax(logits / temperature)`` over the full
+    vocabulary, 0 where ``mask_BT`` is 0. With ``return_entropy`` also the per-token entropy of
+    that distribution. Jit it (or the function that calls it) yourself.
+    """
+    P = prompt_tokens_BP.shape[1]
+    T = tokens_BT.shape[1]
+    seq_BS = jnp.concatenate([prompt_tokens_BP, tokens_BT], axis=1)
+    seq_mask_BS = jnp.concatenate([prompt_mask_BP, mask_BT], axis=1).astype(bool)
+    logits_BSV = forward(params, config, seq_BS, seq_mask_BS)
+    # the logits at position s predict the token at s + 1
+    logits_BTV = jax.lax.dynamic_slice_in_dim(logits_BSV, P - 1, T, axis=1)
+    logp_BTV = jax.nn.log_softmax(logits_BTV.astype(jnp.float32) / temperature, axis=-1)
+    logp_BT = jnp.take_along_axis(logp_BTV, tokens_BT[..., None], axis=-1)[..., 0]
+    logp_BT = jnp.where(mask_BT, logp_BT, 0.0)
+    if not return_entropy:
+        return logp_BT
+    entropy_BT = -jnp.sum(jnp.exp(logp_BTV) * logp_BTV, axis=-1)
+    return logp_BT, jnp.where(mask_BT, entropy_BT, 0.0)
