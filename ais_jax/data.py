@@ -1,0 +1,196 @@
+"""Deterministic, resumable prompt pipelines over tasks, built on ``grain``.
+
+A synthetic task generates examples from a ``random.Random``; here example ``i`` of a split is
+``task.sample(random.Random(key))`` with ``key`` an injective integer function of
+``(seed, split, i)`` (no ``hash()``, which is salted per process). That makes a split a
+*deterministic map over indices* -- a ``grain.MapDataset`` -- so grain can shuffle it per epoch
+and checkpoint an iterator as a single integer. A :class:`~ais_jax.tasks.FiniteTask` (a JSONL
+file) is its list of examples instead.
+
+Pipeline (all lazy; nothing is generated until read)::
+
+    MapDataset.range(num_examples).map(example i)   # or MapDataset.source(task.examples)
+        .shuffle(seed)        # a fresh permutation every epoch (grain reseeds per epoch)
+        .repeat(num_epochs)   # None: forever
+        .batch(batch_size, drop_remainder=True, batch_fn=tuple)
+
+Batches are ``tuple[Example, ...]`` of length ``batch_size``: tokenization is the consumer's
+job, and the reward needs the whole Example anyway. A tuple of frozen dataclasses passes
+through grain untouched (grain's default batching would try to stack leaves as arrays).
+Batches span epoch boundaries, so every example is seen once per epoch; only a finite
+``num_epochs`` drops a final partial batch (fixed shapes for jit).
+
+Splits, for synthetic tasks, are disjoint seed streams of the same generator: ``"train"`` (RL
+prompts), ``"sft"`` (demonstrations for the warm start) and ``"eval"`` (held out). Different
+streams never share an index, but two streams can still draw the same *text* by chance when a
+task has few distinct instances (1-digit arithmetic has 255); with enough digits the overlap
+is negligible, which the tests check. For a finite task, held-out data is a separate file (as
+GSM8K and MATH ship train and test files): the split only selects the shuffle stream, and
+:func:`eval_examples` returns the file's examples in order.
+
+Iterators come from ``MapDataset.to_iter_dataset(read_options)``; their ``get_state()`` /
+``set_state()`` round-trip exactly. The default ``ReadOptions(num_threads=0)`` generates in
+the consuming thread: generation is cheap pure Python, and threads would only contend for the
+GIL with the training loop.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+
+import grain
+
+from ais_jax.tasks.base import Example, FiniteTask, Task
+
+__all__ = [
+    "SPLITS",
+    "demonstration_batches",
+    "eval_examples",
+    "example_dataset",
+    "example_seed",
+    "prompt_batches",
+    "prompt_dataset",
+]
+
+SPLITS = ("train", "eval", "sft")
+_MAX_SEED = 2**32
+_MAX_INDEX = 2**62  # grain's range() needs the length to fit in a C ssize_t
+_NO_PREFETCH = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
+
+
+def example_seed(seed: int, split: str, index: int) -> int:
+    """The integer that seeds ``random.Random`` for example ``index`` of ``split``.
+
+    Injective in ``(seed, split, index)``: the low 64 bits hold the index, the bits above a
+    tag bit (0 here, 1 for the shuffle stream, so the two never alias), the split and the
+    seed.
+    """
+    return _key(seed, split, tag=0) << 64 | index
+
+
+def example_dataset(
+    task: Task, *, seed: int, split: str = "train", num_examples: int | None = None
+) -> grain.MapDataset:
+    """The examples of ``split`` as a ``grain.MapDataset[Example]``, unshuffled.
+
+    For a synthetic task ``num_examples`` (the size of the index pool) is required; for a
+    finite task it defaults to all examples and otherwise takes the first ``num_examples``.
+    """
+    _check(seed=seed, split=split)
+    if isinstance(task, FiniteTask):
+        examples = tuple(task.examples)
+        if num_examples is not None:
+            _check_count(num_examples, maximum=len(examples))
+            examples = examples[:num_examples]
+        return grain.MapDataset.source(examples)
+    if num_examples is None:
+        raise ValueError(
+            f"task {task.name!r} is generated, so num_examples (the index pool size) is required"
+        )
+    _check_count(num_examples, maximum=_MAX_INDEX)
+    make = functools.partial(_generate, task, seed, split)
+    return grain.MapDataset.range(num_examples).map(make)
+
+
+def prompt_dataset(
+    task: Task,
+    *,
+    seed: int,
+    batch_size: int,
+    num_examples: int | None = None,
+    split: str = "train",
+    num_epochs: int | None = None,
+) -> grain.MapDataset:
+    """Shuffled (per epoch), repeated batches: a ``grain.MapDataset[tuple[Example, ...]]``."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if num_epochs is not None and num_epochs < 1:
+        raise ValueError(f"num_epochs must be >= 1 or None (forever), got {num_epochs}")
+    examples = example_dataset(task, seed=seed, split=split, num_examples=num_examples)
+    if num_epochs is not None and len(examples) * num_epochs < batch_size:
+        raise ValueError(
+            f"{len(examples)} examples x {num_epochs} epochs cannot fill one batch of {batch_size}"
+        )
+    return (
+        examples.shuffle(seed=random.Random(_key(seed, split, tag=1) << 64).getrandbits(32))
+        .repeat(num_epochs)
+        .batch(batch_size, drop_remainder=True, batch_fn=tuple)
+    )
+
+
+def prompt_batches(
+    task: Task,
+    *,
+    seed: int,
+    batch_size: int,
+    num_examples: int | None = None,
+    num_epochs: int | None = None,
+    read_options: grain.ReadOptions = _NO_PREFETCH,
+) -> grain.DatasetIterator:
+    """Iterator over batches of training prompts (split ``"train"``), resumable via state.
+
+    >>> from ais_jax.tasks import Arithmetic
+    >>> it = prompt_batches(Arithmetic(), seed=0, batch_size=2, num_examples=100)
+    >>> [ex.prompt for ex in next(it)], it.get_state()
+    (['149-6=', '15+700='], {'next_index': 1})
+    """
+    dataset = prompt_dataset(
+        task,
+        seed=seed,
+        batch_size=batch_size,
+        num_examples=num_examples,
+        split="train",
+        num_epochs=num_epochs,
+    )
+    return iter(dataset.to_iter_dataset(read_options))
+
+
+def demonstration_batches(
+    task: Task,
+    *,
+    seed: int,
+    batch_size: int,
+    num_examples: int | None = None,
+    num_epochs: int | None = None,
+    read_options: grain.ReadOptions = _NO_PREFETCH,
+) -> grain.DatasetIterator:
+    """Like :func:`prompt_batches` over split ``"sft"``: train on ``prompt + demonstration``.
+
+    A separate stream keeps the warm start from memorizing the exact RL prompts.
+    """
+    dataset = prompt_dataset(
+        task,
+        seed=seed,
+        batch_size=batch_size,
+        num_examples=num_examples,
+        split="sft",
+        num_epochs=num_epochs,
+    )
+    return iter(dataset.to_iter_dataset(read_options))
+
+
+def eval_examples(task: Task, *, seed: int, num_examples: int | None = None) -> tuple[Example, ...]:
+    """The held-out examples, in a fixed order: split ``"eval"`` (or a finite task's file)."""
+    dataset = example_dataset(task, seed=seed, split="eval", num_examples=num_examples)
+    return tuple(dataset[i] for i in range(len(dataset)))
+
+
+def _generate(task: Task, seed: int, split: str, index: int) -> Example:
+    return task.sample(random.Random(example_seed(seed, split, index)))
+
+
+def _key(seed: int, split: str, *, tag: int) -> int:
+    return (seed * len(SPLITS) + SPLITS.index(split)) * 2 + tag
+
+
+def _check(*, seed: int, split: str) -> None:
+    if not 0 <= seed < _MAX_SEED:
+        raise ValueError(f"seed must be in [0, 2**32), got {seed}")
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; valid splits are {SPLITS}")
+
+
+def _check_count(num_examples: int, *, maximum: int) -> None:
+    if not 1 <= num_examples <= maximum:
+        raise ValueError(f"num_examples must be in [1, {maximum}], got {num_examples}")

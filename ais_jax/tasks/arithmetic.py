@@ -1,0 +1,154 @@
+"""Multi-digit addition, subtraction and multiplication.
+
+The smallest task with a verifiable answer: the prompt is the bare problem, ``"47+385="``,
+and the reference response is the bare result, ``"432"``. Operand lengths are drawn uniformly
+from ``[min_digits, max_digits]`` and the operand uniformly among the numbers with that many
+digits (``0..9`` for one digit, so the task covers ``x+0``).
+
+``show_work=True`` makes the demonstration a column-by-column derivation, one true equation per
+line, ending in a ``"="``-prefixed result line::
+
+    47+385=            (prompt)
+    7+5=12 carry 1
+    4+8+1=13 carry 1
+    3+1=4
+    =432
+
+Subtraction borrows (``10+5-7=8 borrow 1``) and multiplication lists the partial products and
+their sum (``385*7=2695``, ``385*40=15400``, ``2695+15400=18095``). Long responses are the
+point: the rollout/trainer log-prob mismatch that AIS corrects grows with response length.
+
+Simplifications: subtraction orders its operands so the result is never negative, and there is
+no division. The reward is 1.0 iff the *last integer* in the response equals the answer, else
+0.0. "Last integer" is the last run of digits, with a leading ``-`` read as a sign only when it
+does not follow a digit (so ``"5-3"`` ends in ``3``); this one rule reads both the bare and the
+worked format, whose final line is ``=<result>``. Digits are compared as strings after dropping
+leading zeros, so an absurdly long response cannot trip Python's int-parsing limit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import re
+from typing import ClassVar
+
+from ais_jax.tasks.base import Example
+
+__all__ = ["OPS", "Arithmetic"]
+
+OPS = ("+", "-", "*")
+_INTEGER = re.compile(r"(?<!\d)-?\d+")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Arithmetic:
+    """``a op b`` with ``op`` in ``ops`` and operands of ``min_digits..max_digits`` digits.
+
+    Example:
+      >>> task = Arithmetic(ops=("+",), min_digits=2, max_digits=3)
+      >>> ex = task.sample(random.Random(0))
+      >>> task.reward(ex, ex.demonstration)
+      1.0
+    """
+
+    name: ClassVar[str] = "arithmetic"
+
+    ops: tuple[str, ...] = OPS
+    min_digits: int = 1
+    max_digits: int = 3
+    show_work: bool = False
+
+    def __post_init__(self):
+        object.__setattr__(self, "ops", tuple(self.ops))
+        if not self.ops:
+            raise ValueError(f"ops must be a non-empty subset of {OPS}, got ()")
+        for op in self.ops:
+            if op not in OPS:
+                raise ValueError(f"unknown op {op!r}; allowed ops are {OPS}")
+        if len(set(self.ops)) != len(self.ops):
+            raise ValueError(f"ops has duplicates: {self.ops}")
+        if self.min_digits < 1:
+            raise ValueError(f"min_digits must be >= 1, got {self.min_digits}")
+        if self.max_digits < self.min_digits:
+            raise ValueError(
+                f"max_digits must be >= min_digits={self.min_digits}, got {self.max_digits}"
+            )
+
+    def sample(self, rng: random.Random) -> Example:
+        op = rng.choice(self.ops)
+        a, b = self._operand(rng), self._operand(rng)
+        if op == "-" and a < b:
+            a, b = b, a
+        result = {"+": a + b, "-": a - b, "*": a * b}[op]
+        if self.show_work:
+            steps = {"+": _add_steps, "-": _sub_steps, "*": _mul_steps}[op](a, b)
+            demonstration = "\n".join([*steps, f"={result}"])
+        else:
+            demonstration = str(result)
+        return Example(prompt=f"{a}{op}{b}=", answer=str(result), demonstration=demonstration)
+
+    def reward(self, example: Example, response: str) -> float:
+        found = final_integer(response)
+        return float(found is not None and found == _normalize(example.answer))
+
+    def _operand(self, rng: random.Random) -> int:
+        digits = rng.randint(self.min_digits, self.max_digits)
+        low = 0 if digits == 1 else 10 ** (digits - 1)
+        return rng.randint(low, 10**digits - 1)
+
+
+def final_integer(response: str) -> str | None:
+    """The last integer in ``response`` as a normalized digit string, or None if there is none.
+
+    >>> final_integer("7+5=12 carry 1\\n=0432")
+    '432'
+    >>> final_integer("5-3"), final_integer("x=-3"), final_integer("none")
+    ('3', '-3', None)
+    """
+    matches = _INTEGER.findall(response)
+    return _normalize(matches[-1]) if matches else None
+
+
+def _normalize(integer: str) -> str:
+    sign, digits = ("-", integer[1:]) if integer.startswith("-") else ("", integer)
+    digits = digits.lstrip("0") or "0"
+    return "0" if digits == "0" else sign + digits
+
+
+def _digits(n: int) -> list[int]:
+    """Decimal digits of ``n``, least significant first."""
+    return [int(c) for c in reversed(str(n))]
+
+
+def _add_steps(a: int, b: int) -> list[str]:
+    da, db = _digits(a), _digits(b)
+    steps, carry = [], 0
+    for i in range(max(len(da), len(db))):
+        terms = [d[i] for d in (da, db) if i < len(d)] + ([carry] if carry else [])
+        total = sum(terms)
+        carry = total // 10
+        steps.append("+".join(map(str, terms)) + f"={total}" + (" carry 1" if carry else ""))
+    return steps
+
+
+def _sub_steps(a: int, b: int) -> list[str]:
+    da, db = _digits(a), _digits(b)
+    steps, borrow = [], 0
+    for i, top in enumerate(da):
+        bottom = db[i] if i < len(db) else 0
+        borrow_out = int(top - borrow - bottom < 0)
+        expr = (f"10+{top}" if borrow_out else f"{top}") + ("-1" if borrow else "")
+        expr += f"-{db[i]}" if i < len(db) else ""
+        result = 10 * borrow_out + top - borrow - bottom
+        steps.append(f"{expr}={result}" + (" borrow 1" if borrow_out else ""))
+        borrow = borrow_out
+    return steps
+
+
+def _mul_steps(a: int, b: int) -> list[str]:
+    partials = [d * 10**i for i, d in enumerate(_digits(b)) if d] or [0]
+    steps = [f"{a}*{p}={a * p}" for p in partials]
+    if len(partials) > 1:
+        steps.append("+".join(str(a * p) for p in partials) + f"={a * b}")
+    return steps

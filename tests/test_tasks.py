@@ -1,0 +1,610 @@
+"""Specifications of the tasks: generators, rewards, parsers, JSONL loading and the tokenizer."""
+
+import dataclasses
+import doctest
+import importlib
+import json
+import random
+from fractions import Fraction
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ais_jax.tasks import (
+    TASKS,
+    Arithmetic,
+    CharTokenizer,
+    Countdown,
+    Example,
+    FiniteTask,
+    JsonlTask,
+    ParseError,
+    Sudoku,
+    Task,
+    answers_match,
+    extract_answer,
+    last_boxed,
+    load_gsm8k,
+    load_math,
+    make_task,
+    parse_expression,
+    parse_number,
+)
+from ais_jax.tasks.arithmetic import _add_steps, _mul_steps, _sub_steps, final_integer
+from ais_jax.tasks.sudoku import count_solutions
+
+SYNTHETIC = {
+    "arithmetic": Arithmetic(),
+    "arithmetic_long": Arithmetic(min_digits=3, max_digits=6, show_work=True),
+    "arithmetic_work": Arithmetic(show_work=True),
+    "countdown": Countdown(),
+    "countdown_work": Countdown(show_work=True, min_numbers=2, max_numbers=5),
+    "sudoku": Sudoku(),
+    "sudoku_1": Sudoku(n_blank=1),
+    "sudoku_12": Sudoku(n_blank=12),
+}
+
+
+def _samples(task, n=200, seed=0):
+    return [task.sample(random.Random(seed * 1_000_003 + i)) for i in range(n)]
+
+
+# ---------------------------------------------------------------- shared properties
+
+
+@pytest.mark.parametrize("key", sorted(SYNTHETIC))
+def test_demonstration_earns_full_reward(key):
+    task = SYNTHETIC[key]
+    for ex in _samples(task):
+        assert task.reward(ex, ex.demonstration) == 1.0, ex
+
+
+@pytest.mark.parametrize("key", sorted(SYNTHETIC))
+def test_sample_is_deterministic_given_rng(key):
+    task = SYNTHETIC[key]
+    assert _samples(task, 20, seed=1) == _samples(task, 20, seed=1)
+    assert _samples(task, 20, seed=1) != _samples(task, 20, seed=2)
+
+
+@pytest.mark.parametrize("key", sorted(SYNTHETIC))
+def test_synthetic_text_is_in_char_vocabulary(key):
+    tok = CharTokenizer()
+    for ex in _samples(SYNTHETIC[key], 50):
+        assert tok.decode(tok.encode(ex.prompt + ex.demonstration)) == ex.prompt + ex.demonstration
+
+
+@pytest.mark.parametrize("key", sorted(SYNTHETIC))
+def test_reward_is_in_unit_interval_on_garbage(key):
+    task, rng = SYNTHETIC[key], random.Random(0)
+    alphabet = "0123456789+-*/=() |\n."
+    for ex in _samples(task, 20):
+        for _ in range(20):
+            response = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 25)))
+            assert 0.0 <= task.reward(ex, response) <= 1.0
+
+
+def test_tasks_satisfy_the_protocols(tmp_path):
+    for task in SYNTHETIC.values():
+        assert isinstance(task, Task) and not isinstance(task, FiniteTask)
+    path = tmp_path / "g.jsonl"
+    path.write_text(json.dumps({"question": "1+1?", "answer": "#### 2"}) + "\n")
+    assert isinstance(load_gsm8k(path), FiniteTask)
+
+
+def test_example_is_frozen():
+    ex = Example(prompt="1+1=", answer="2", demonstration="2")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ex.answer = "3"
+
+
+@pytest.mark.parametrize(
+    "module",
+    ["answers", "arithmetic", "catalog", "countdown", "sudoku", "tokenizer"],
+)
+def test_docstring_examples(module):
+    results = doctest.testmod(importlib.import_module(f"ais_jax.tasks.{module}"))
+    assert results.failed == 0 and results.attempted > 0
+
+
+# ---------------------------------------------------------------- arithmetic
+
+
+def _arith(prompt="47+385=", answer="432"):
+    return Example(prompt=prompt, answer=answer, demonstration=answer)
+
+
+@pytest.mark.parametrize(
+    "response, reward",
+    [
+        ("432", 1.0),
+        ("0432", 1.0),
+        ("the answer is 432", 1.0),
+        ("7+5=12 carry 1\n4+8+1=13 carry 1\n3+1=4\n=432", 1.0),
+        ("431", 0.0),
+        ("432 no wait 433", 0.0),
+        ("-432", 0.0),
+        ("", 0.0),
+        ("four hundred", 0.0),
+        ("4 3 2", 0.0),
+    ],
+)
+def test_arithmetic_reward(response, reward):
+    assert Arithmetic().reward(_arith(), response) == reward
+
+
+def test_arithmetic_reward_reads_signs_and_huge_numbers():
+    task = Arithmetic()
+    assert task.reward(_arith("3-5=", "-2"), "=-2") == 1.0
+    assert task.reward(_arith("3-5=", "-2"), "5-2") == 0.0  # '-' after a digit is an operator
+    assert task.reward(_arith(), "9" * 10_000) == 0.0  # beyond int()'s digit limit: no crash
+    assert final_integer("x=-0") == "0"
+
+
+def test_arithmetic_operands_respect_config():
+    task = Arithmetic(ops=("-", "*"), min_digits=2, max_digits=4)
+    for ex in _samples(task):
+        a, op, b = _split_arith(ex.prompt)
+        assert op in "-*" and all(2 <= len(str(x)) <= 4 for x in (a, b))
+        assert int(ex.answer) == (a - b if op == "-" else a * b) >= 0
+
+
+def _split_arith(prompt):
+    body = prompt.removesuffix("=")
+    i = next(i for i, c in enumerate(body) if c in "+-*" and i > 0)
+    return int(body[:i]), body[i], int(body[i + 1 :])
+
+
+def test_arithmetic_one_digit_covers_zero():
+    prompts = {ex.prompt for ex in _samples(Arithmetic(ops=("+",), max_digits=1), 400)}
+    assert any("0" in p for p in prompts)
+
+
+@pytest.mark.parametrize("ops", [("+",), ("-",), ("*",)])
+def test_arithmetic_worked_steps_are_true_equations(ops):
+    """Every line but the last reads 'expr=value[ carry 1| borrow 1]' and is arithmetically true."""
+    task = Arithmetic(ops=ops, min_digits=1, max_digits=5, show_work=True)
+    for ex in _samples(task, 100):
+        *steps, last = ex.demonstration.split("\n")
+        assert last == "=" + ex.answer and steps
+        for step in steps:
+            equation = step.removesuffix(" carry 1").removesuffix(" borrow 1")
+            left, right = equation.split("=")
+            assert parse_expression(left)[0] == int(right), step
+
+
+def test_arithmetic_worked_examples():
+    assert _add_steps(47, 385) == ["7+5=12 carry 1", "4+8+1=13 carry 1", "3+1=4"]
+    assert _add_steps(95, 5) == ["5+5=10 carry 1", "9+1=10 carry 1"]
+    assert _sub_steps(385, 47) == ["10+5-7=8 borrow 1", "8-1-4=3", "3=3"]
+    assert _sub_steps(100, 99) == ["10+0-9=1 borrow 1", "10+0-1-9=0 borrow 1", "1-1=0"]
+    assert _mul_steps(385, 47) == ["385*7=2695", "385*40=15400", "2695+15400=18095"]
+    assert _mul_steps(12, 101) == ["12*1=12", "12*100=1200", "12+1200=1212"]
+    assert _mul_steps(12, 0) == ["12*0=0"]
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"ops": ("/",)}, "unknown op '/'"),
+        ({"ops": ()}, "non-empty"),
+        ({"ops": ("+", "+")}, "duplicates"),
+        ({"min_digits": 0}, "min_digits"),
+        ({"min_digits": 3, "max_digits": 2}, "max_digits"),
+    ],
+)
+def test_arithmetic_rejects_bad_config(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Arithmetic(**kwargs)
+
+
+# ---------------------------------------------------------------- countdown
+
+_CD = Example(prompt="25 5 4 to 80=", answer="80", demonstration="(25-5)*4")
+
+
+@pytest.mark.parametrize(
+    "response, reward",
+    [
+        ("(25-5)*4", 1.0),
+        ("4*(25-5)", 1.0),
+        (" ( 25 - 5 ) * 4 ", 1.0),
+        ("(25-5)*4\n", 1.0),
+        ("25-5=20\n20*4=80\n(25-5)*4", 1.0),  # worked steps, expression on the last line
+        ("(25+5)*4", 0.1),  # well-formed, wrong value
+        ("25*4-5*4", 0.1),  # reuses 4
+        ("25*4-20", 0.1),  # 20 is not a given number; 5 and 4 missing
+        ("(25-5)*4*1", 0.1),  # extra number
+        ("25*4", 0.1),  # misses 5
+        ("(25-5)*4/(5-5)", 0.1),  # division by zero is well-formed but wrong (as TinyZero)
+        ("(25-5*4", 0.0),  # unbalanced
+        ("25-5)*4", 0.0),
+        ("(25-5)*4)", 0.0),
+        ("()", 0.0),
+        ("-5+25*4", 0.0),  # no unary minus
+        ("+(25-5)*4", 0.0),  # no unary plus
+        ("(25-5)*4=80", 0.0),  # the last line must be the expression alone
+        ("(25-5)**4", 0.0),
+        ("(25-5)x4", 0.0),
+        ("2.5*32", 0.0),  # no decimals
+        ("(25-5)*4\nnot sure", 0.0),  # last line is prose
+        ("", 0.0),
+        ("\n\n", 0.0),
+    ],
+)
+def test_countdown_reward(response, reward):
+    assert Countdown().reward(_CD, response) == reward
+
+
+def test_countdown_division_by_zero_with_exact_numbers_is_wrong():
+    ex = Example(prompt="6 3 3 to 2=", answer="2", demonstration="6/(3)")
+    assert Countdown().reward(ex, "6/(3-3)") == 0.1
+    assert Countdown().reward(ex, "6/3*3/3") == 0.1  # 6, 3, 3, 3 reuses 3
+
+
+def test_countdown_allows_fractional_intermediates():
+    ex = Example(prompt="4 3 3 to 4=", answer="4", demonstration="4/3*3")
+    assert Countdown().reward(ex, "4/3*3") == 1.0
+    assert Countdown().reward(ex, "4/(3*3)") == 0.1
+
+
+def test_countdown_parser_is_bounded():
+    assert Countdown().reward(_CD, "(" * 1000 + "80" + ")" * 1000) == 0.0
+    with pytest.raises(ParseError):
+        parse_expression("1" * 101)
+    assert parse_expression("(" * 64 + "7" + ")" * 64) == (Fraction(7), [7])
+
+
+@pytest.mark.parametrize(
+    "text, value",
+    [("2+3*4", 14), ("(2+3)*4", 20), ("8-3-2", 3), ("8-(3-2)", 7), ("8/4/2", 1), ("8/(4/2)", 4)],
+)
+def test_parse_expression_precedence_and_associativity(text, value):
+    assert parse_expression(text)[0] == value
+
+
+def test_parse_expression_reports_numbers_and_division_by_zero():
+    assert parse_expression("1/(2-2)+7") == (None, [1, 2, 2, 7])
+    assert parse_expression("007+1") == (Fraction(8), [7, 1])
+    with pytest.raises(ParseError, match="unexpected"):
+        parse_expression("1 2")
+
+
+_leaf = st.integers(0, 50).map(lambda n: (str(n), Fraction(n)))
+
+
+def _node(children):
+    def combine(args):
+        (lt, lv), op, (rt, rv) = args
+        if op == "/" and rv == 0:
+            return (f"({lt})-({lt})", Fraction(0))
+        value = {"+": lv + rv, "-": lv - rv, "*": lv * rv, "/": lv / rv if rv else 0}[op]
+        return (f"({lt}){op}({rt})", value)
+
+    return st.tuples(children, st.sampled_from("+-*/"), children).map(combine)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.recursive(_leaf, _node, max_leaves=8))
+def test_parse_expression_matches_exact_arithmetic(tree):
+    text, value = tree
+    assert parse_expression(text)[0] == value
+
+
+def test_countdown_instances_are_valid():
+    task = Countdown(min_numbers=3, max_numbers=4, max_number=50, max_target=500)
+    for ex in _samples(task):
+        numbers = [int(n) for n in ex.prompt.split(" to ")[0].split()]
+        assert 3 <= len(numbers) <= 4 and all(1 <= n <= 50 for n in numbers)
+        assert 1 <= int(ex.answer) <= 500 and ex.prompt.endswith(f" to {ex.answer}=")
+        value, used = parse_expression(ex.demonstration)
+        assert value == int(ex.answer) and sorted(used) == sorted(numbers)
+
+
+def test_countdown_worked_steps_use_positive_integers():
+    for ex in _samples(Countdown(show_work=True), 100):
+        *steps, expression = ex.demonstration.split("\n")
+        assert parse_expression(expression)[0] == int(ex.answer)
+        for step in steps:
+            left, right = step.split("=")
+            assert int(right) >= 1 and parse_expression(left)[0] == int(right)
+        assert steps[-1].endswith("=" + ex.answer)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"min_numbers": 1}, "min_numbers"),
+        ({"min_numbers": 4, "max_numbers": 3}, "max_numbers"),
+        ({"min_number": 0}, "min_number"),
+        ({"min_number": 9, "max_number": 3}, "max_number"),
+        ({"max_target": 0}, "max_target"),
+    ],
+)
+def test_countdown_rejects_bad_config(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Countdown(**kwargs)
+
+
+# ---------------------------------------------------------------- sudoku
+
+_SOLUTION = "1234341221434321"
+_SD = Example(prompt="1.34|34.2|2.43|.3.1=", answer=_SOLUTION, demonstration="1234|3412|2143|4321")
+
+
+@pytest.mark.parametrize(
+    "response, reward",
+    [
+        ("1234|3412|2143|4321", 1.0),
+        ("1234341221434321", 1.0),
+        ("1234 3412 2143 4321", 1.0),
+        ("thinking\n1234|3412|2143|4321", 1.0),
+        ("1234|3412|2143|4321\n", 1.0),
+        ("1134|3412|2143|4321", 0.8),  # one of five blanks wrong
+        ("4234|3412|2143|4321", 1.0),  # a changed given is not scored
+        ("1334|3422|2243|1311", 0.0),  # every blank wrong
+        ("1234|3412|2143|432", 0.0),  # 15 digits
+        ("1234|3412|2143|43215", 0.0),  # 17 digits
+        ("1234|3412|2143|4325", 0.0),  # 5 is not a Sudoku digit
+        ("1234|3412|2143|4321\nok", 0.0),  # last line is not the grid
+        ("", 0.0),
+    ],
+)
+def test_sudoku_reward(response, reward):
+    assert Sudoku().reward(_SD, response) == reward
+
+
+@pytest.mark.parametrize("n_blank", [1, 6, 12])
+def test_sudoku_puzzles_are_unique_and_consistent(n_blank):
+    for ex in _samples(Sudoku(n_blank=n_blank), 50):
+        cells = ex.prompt.removesuffix("=").replace("|", "")
+        assert cells.count(".") == n_blank
+        assert all(c == "." or c == s for c, s in zip(cells, ex.answer, strict=True))
+        puzzle = [0 if c == "." else int(c) for c in cells]
+        assert count_solutions(puzzle, limit=3) == 1
+        assert _is_valid_grid(ex.answer)
+
+
+def _is_valid_grid(grid):
+    rows = [grid[4 * r : 4 * r + 4] for r in range(4)]
+    cols = ["".join(row[c] for row in rows) for c in range(4)]
+    boxes = [
+        "".join(rows[r + i][c + j] for i in (0, 1) for j in (0, 1)) for r in (0, 2) for c in (0, 2)
+    ]
+    return all(sorted(group) == list("1234") for group in rows + cols + boxes)
+
+
+def test_count_solutions():
+    assert count_solutions([0] * 16, limit=1000) == 288  # all 4x4 Sudoku grids
+    assert count_solutions([int(c) for c in _SOLUTION]) == 1
+    assert count_solutions([1, 1] + [0] * 14) == 0
+
+
+@pytest.mark.parametrize("n_blank", [0, 13])
+def test_sudoku_rejects_bad_n_blank(n_blank):
+    with pytest.raises(ValueError, match=r"n_blank must be in \[1, 12\]"):
+        Sudoku(n_blank=n_blank)
+
+
+# ---------------------------------------------------------------- answers (GSM8K / MATH)
+
+
+@pytest.mark.parametrize(
+    "text, value",
+    [
+        ("42", 42),
+        ("-7", -7),
+        ("1,234", 1234),
+        ("$1,234.50.", Fraction(2469, 2)),
+        ("0.5", Fraction(1, 2)),
+        (".5", Fraction(1, 2)),
+        ("3/4", Fraction(3, 4)),
+        ("\\frac{3}{4}", Fraction(3, 4)),
+        ("-\\dfrac{1}{2}", Fraction(-1, 2)),
+        ("\\tfrac{6}{4}", Fraction(3, 2)),
+        ("\\$ 5", 5),
+        ("1/0", None),
+        ("\\sqrt{2}", None),
+        ("x", None),
+        ("", None),
+    ],
+)
+def test_parse_number(text, value):
+    assert parse_number(text) == value
+
+
+@pytest.mark.parametrize(
+    "a, b, match",
+    [
+        ("0.5", "1/2", True),
+        ("\\frac{1}{2}", "0.50", True),
+        ("1,000", "1000", True),
+        ("72.", "72", True),
+        ("\\sqrt{2}", "\\sqrt{2}", True),
+        ("\\dfrac{\\pi}{2}", "\\frac{\\pi}{2}", True),
+        ("\\left( 1, 2 \\right)", "(1,2)", True),
+        ("\\text{(B)}", "(B)", True),
+        ("2", "3", False),
+        ("\\sqrt{2}", "\\sqrt{3}", False),
+    ],
+)
+def test_answers_match(a, b, match):
+    assert answers_match(a, b) is match
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(-10_000, 10_000), st.integers(1, 10_000))
+def test_fraction_spellings_agree(p, q):
+    value = Fraction(p, q)
+    spellings = [f"{p}/{q}", f"\\frac{{{p}}}{{{q}}}"]
+    if value.denominator in (1, 2, 4, 5, 8, 10):
+        spellings.append(f"{float(value):.4f}")
+    for spelling in spellings:
+        assert answers_match(spelling, f"{p}/{q}"), spelling
+
+
+def test_extract_answer_priority():
+    assert extract_answer("so 5 and \\boxed{\\frac{3}{4}} then 9") == "\\frac{3}{4}"
+    assert extract_answer("3*8=24 #### 1,024 apples. 7") == "1,024"
+    assert extract_answer("it is 12, not 13.") == "13"
+    assert extract_answer("no numbers") is None
+    assert last_boxed("\\boxed{\\frac{1}{2}") is None  # unbalanced
+    assert last_boxed("\\fbox{7}") == "7"
+
+
+def _write(tmp_path, lines, name="data.jsonl"):
+    path = tmp_path / name
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+_GSM = [
+    json.dumps(
+        {"question": "Ann has 3 apples and buys 4. How many?", "answer": "3+4=<<3+4=7>>7\n#### 7"}
+    ),
+    json.dumps({"question": "How many cents in $10.24?", "answer": "10.24*100=1024\n#### 1,024"}),
+]
+_MATH = [
+    json.dumps({"problem": "Simplify 6/8.", "solution": "Divide: $\\boxed{\\frac{3}{4}}$."}),
+    json.dumps({"problem": "2+2?", "solution": "It is \\boxed{4}."}),
+]
+
+
+def test_gsm8k_loading_and_reward(tmp_path):
+    task = load_gsm8k(_write(tmp_path, _GSM))
+    assert task.name == "gsm8k" and len(task.examples) == 2
+    first, second = task.examples
+    assert first.prompt.startswith("Ann") and first.answer == "7" and second.answer == "1024"
+    assert "<<" not in first.demonstration and first.demonstration.endswith("#### 7")
+    for response, reward in [
+        ("3 plus 4 is 7.", 1.0),
+        ("#### 7", 1.0),
+        ("7.0", 1.0),
+        ("#### 7\nmaybe 8", 1.0),
+        ("8", 0.0),
+        ("", 0.0),
+    ]:
+        assert task.reward(first, response) == reward, response
+    assert task.reward(second, "#### 1,024") == task.reward(second, "1024 cents") == 1.0
+    for ex in task.examples:
+        assert task.reward(ex, ex.demonstration) == 1.0
+
+
+def test_math_loading_and_reward(tmp_path):
+    task = load_math(_write(tmp_path, _MATH))
+    first = task.examples[0]
+    assert task.name == "math" and first.answer == "\\frac{3}{4}"
+    for response, reward in [
+        ("\\boxed{\\frac{3}{4}}", 1.0),
+        ("\\boxed{\\dfrac{3}{4}}", 1.0),
+        ("\\boxed{0.75}", 1.0),
+        ("the answer is 3/4", 1.0),
+        ("\\boxed{3/5}", 0.0),
+        ("\\boxed{\\frac{3}{4}", 0.0),  # unbalanced: falls back to the last number, 4
+    ]:
+        assert task.reward(first, response) == reward, response
+    for ex in task.examples:
+        assert task.reward(ex, ex.demonstration) == 1.0
+
+
+def test_jsonl_task_sample_is_deterministic(tmp_path):
+    task = load_gsm8k(_write(tmp_path, _GSM))
+    picks = [task.sample(random.Random(s)).answer for s in range(20)]
+    assert picks == [task.sample(random.Random(s)).answer for s in range(20)]
+    assert set(picks) == {"7", "1024"}
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ('{"question": "q", "answer": "#### 1"', "invalid JSON"),
+        ('["q", "#### 1"]', "expected a JSON object, got list"),
+        ('{"question": "q"}', "missing key 'answer'"),
+        ('{"question": "q", "answer": 1}', "key 'answer' must be a string, got int"),
+        ('{"question": "q", "answer": "1"}', "no '#### <final answer>' marker"),
+        ('{"question": "q", "answer": "so ####  "}', "nothing after '####'"),
+    ],
+)
+def test_gsm8k_malformed_line_names_file_and_line(tmp_path, bad, message):
+    path = _write(tmp_path, [_GSM[0], "", bad, _GSM[1]])  # line 2 blank, line 3 bad
+    with pytest.raises(ValueError, match=f"data.jsonl:3: .*{message}"):
+        load_gsm8k(path)
+
+
+def test_math_without_boxed_is_an_error(tmp_path):
+    path = _write(tmp_path, [_MATH[0], json.dumps({"problem": "p", "solution": "no box"})])
+    with pytest.raises(ValueError, match=r"data.jsonl:2: .*no balanced \\boxed"):
+        load_math(path)
+
+
+def test_skip_policy_warns_with_line_numbers_and_keeps_the_rest(tmp_path):
+    path = _write(tmp_path, [_GSM[0], "{oops", _GSM[1], '{"question": "q"}'])
+    with pytest.warns(UserWarning, match=r"skipped 2 malformed line\(s\): line 2 .*line 4 "):
+        task = load_gsm8k(path, on_error="skip")
+    assert [ex.answer for ex in task.examples] == ["7", "1024"]
+
+
+def test_empty_and_all_bad_files_are_errors(tmp_path):
+    for lines in ([], ["", "  "]):
+        path = _write(tmp_path, lines, name="empty.jsonl")
+        with pytest.raises(ValueError, match=r"empty.jsonl is empty"):
+            load_gsm8k(path)
+    path = _write(tmp_path, ["{", "}"], name="bad.jsonl")
+    with pytest.warns(UserWarning), pytest.raises(ValueError, match="bad.jsonl: no valid"):
+        load_gsm8k(path, on_error="skip")
+    with pytest.raises(ValueError, match=r"on_error must be one of \('raise', 'skip'\)"):
+        load_gsm8k(path, on_error="drop")
+    with pytest.raises(ValueError, match="at least one example"):
+        JsonlTask(name="x", examples=())
+
+
+# ---------------------------------------------------------------- tokenizer
+
+
+def test_tokenizer_ids_are_fixed():
+    tok = CharTokenizer()
+    assert (tok.pad_id, tok.bos_id, tok.eos_id, tok.vocab_size) == (0, 1, 2, 78)
+    assert tok.encode("\n 09=|Aa") == [3, 4, 14, 23, 24, 25, 26, 52]
+    assert tok.vocab_size <= 128
+
+
+@given(st.text(alphabet="\n #()*+,-./0123456789=|abcXYZ", max_size=50))
+def test_tokenizer_round_trip(text):
+    tok = CharTokenizer()
+    ids = tok.encode(text)
+    assert len(ids) == len(text) and all(3 <= i < tok.vocab_size for i in ids)
+    assert tok.decode([tok.bos_id, *ids, tok.eos_id, tok.pad_id]) == text
+
+
+def test_tokenizer_errors_and_specials():
+    tok = CharTokenizer()
+    with pytest.raises(ValueError, match=r"character '\?' at position 3 of '12\+\?'"):
+        tok.encode("12+?")
+    with pytest.raises(ValueError, match=r"token id 78 at position 1"):
+        tok.decode([5, 78])
+    assert tok.decode([1, 14, 2, 0], skip_special=False) == "<bos>0<eos><pad>"
+
+
+# ---------------------------------------------------------------- make_task
+
+
+def test_make_task_builds_every_synthetic_task():
+    assert make_task("arithmetic", max_digits=5) == Arithmetic(max_digits=5)
+    assert make_task("arithmetic", ops=["+", "*"]).ops == ("+", "*")  # YAML lists become tuples
+    assert make_task("countdown") == Countdown()
+    assert make_task("sudoku", n_blank=4) == Sudoku(n_blank=4)
+    assert {"arithmetic", "countdown", "sudoku"} <= set(TASKS)
+
+
+def test_make_task_loads_jsonl(tmp_path):
+    task = make_task("gsm8k", path=_write(tmp_path, _GSM))
+    assert isinstance(task, JsonlTask) and len(task.examples) == 2
+
+
+def test_make_task_errors_list_valid_choices():
+    with pytest.raises(ValueError, match=r"unknown task 'sodoku'; valid names are \['arithmetic'"):
+        make_task("sodoku")
+    with pytest.raises(ValueError, match=r"unknown argument\(s\) \['digits'\] .*'max_digits'"):
+        make_task("arithmetic", digits=3)
+    with pytest.raises(ValueError, match=r"needs argument\(s\) \['path'\]"):
+        make_task("math")
