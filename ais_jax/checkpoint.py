@@ -1,0 +1,78 @@
+"""Training checkpoints with orbax: train state + a JSON record (data iterator, step, config).
+
+Orbax writes each step into a temporary folder and renames it only when every file is on
+disk, so a run killed in the middle of a save leaves a `*.orbax-checkpoint-tmp-*` folder that
+is never listed as a step: a half-written checkpoint is never picked up. A checkpoint that is
+listed but cannot be read (files deleted or truncated afterwards) raises `CheckpointError`
+naming its path; ``fallback=True`` restores the newest readable one instead and says which
+steps it passed over.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import orbax.checkpoint as ocp
+
+from ais_jax.hf import CheckpointError
+
+log = logging.getLogger(__name__)
+
+
+class Checkpointer:
+    """Save/restore ``(state pytree, json dict)`` pairs under ``directory/<step>``."""
+
+    def __init__(self, directory: str | Path, *, max_to_keep: int | None = 3):
+        self.directory = Path(directory).absolute()
+        self._manager = ocp.CheckpointManager(
+            self.directory,
+            options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
+                                                 enable_async_checkpointing=False))
+
+    def steps(self) -> list[int]:
+        self._manager.reload()
+        return sorted(self._manager.all_steps())
+
+    def latest_step(self) -> int | None:
+        steps = self.steps()
+        return steps[-1] if steps else None
+
+    def save(self, step: int, state: Any, record: dict[str, Any]) -> None:
+        self._manager.save(step, args=ocp.args.Composite(
+            state=ocp.args.StandardSave(state), record=ocp.args.JsonSave(record)), force=True)
+        self._manager.wait_until_finished()
+
+    def restore(self, template: Any, step: int | None = None, *,
+                fallback: bool = False) -> tuple[int, Any, dict[str, Any]]:
+        """Restore ``step`` (default: the latest) onto ``template``'s structure and shardings.
+
+        Returns ``(step, state, record)``.
+        """
+        steps = self.steps()
+        if not steps:
+            raise CheckpointError(f"No checkpoint to resume from in {self.directory}.")
+        candidates = [step] if step is not None else steps[::-1]
+        if step is not None and step not in steps:
+            raise CheckpointError(f"No checkpoint for step {step} in {self.directory}; "
+                                  f"available steps: {steps}.")
+        if fallback and step is None:
+            candidates = steps[::-1]
+        elif step is None:
+            candidates = steps[-1:]
+        failures = []
+        for s in candidates:
+            try:
+                out = self._manager.restore(s, args=ocp.args.Composite(
+                    state=ocp.args.StandardRestore(template), record=ocp.args.JsonRestore()))
+            except Exception as e:  # orbax/tensorstore raise many types for damaged files
+                failures.append(f"{self.directory / str(s)}: {type(e).__name__}: "
+                                f"{str(e).splitlines()[0][:200] if str(e) else ''}")
+                continue
+            if failures:
+                log.warning("Skipped unreadable checkpoint(s): %s", "; ".join(failures))
+            return s, out.state, dict(out.record)
+        hint = "" if fallback else " Pass fallback=True (--resume-fallback) to use an older one."
+        raise CheckpointError("Checkpoint could not be read (corrupt or truncated): "
+                              + "; ".join(failures) + "." + hint)

@@ -1,0 +1,208 @@
+"""`ais-jax` command line: thin wrappers over the library.
+
+    ais-jax train     [--config F] [--set k=v ...] [--out DIR] [--resume [--resume-fallback]]
+    ais-jax eval      --run DIR [--examples N]
+    ais-jax sample    (--run DIR | --checkpoint HF_DIR) --prompt TEXT [--n N] [--format F]
+    ais-jax export-hf --run DIR --to HF_DIR
+    ais-jax compare   [--config F] [--seeds N] [--set k=v ...] [--out DIR]
+    ais-jax plan      --model qwen3-8b [--mesh data=1,fsdp=8,tensor=1] ...
+
+`train` with no arguments runs the embedded default (configs/quickstart.yaml, shipped in the
+package): a tiny Qwen3-style model, SFT warm start, then GRPO with FP8 rollouts and AIS on
+built-in arithmetic, on CPU in minutes. Errors in the user's input end in one line on stderr
+and exit status 2, not a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import logging
+import sys
+from importlib import resources
+from pathlib import Path
+
+from ais_jax.hf import CheckpointError
+
+
+def default_config_path() -> Path:
+    return Path(str(resources.files("ais_jax") / "configs" / "quickstart.yaml"))
+
+
+def _new_run_dir(prefix: str) -> Path:
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{prefix}-{stamp}"
+
+
+def _load(args):
+    from ais_jax.config import load_config
+
+    return load_config(args.config or default_config_path(), args.set or [])
+
+
+def _cmd_train(args) -> int:
+    from ais_jax.runner import run_training
+
+    cfg = _load(args)
+    out = Path(args.out) if args.out else _new_run_dir("train")
+    print(f"ais-jax train: writing to {out}", file=sys.stderr)
+    summary = run_training(cfg, out, resume=args.resume, fallback=args.resume_fallback,
+                           show_progress=not args.no_progress)
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def _restored_run(run_dir: Path):
+    from ais_jax.config import load_config
+    from ais_jax.runner import Run
+
+    if not (run_dir / "config.yaml").is_file():
+        raise CheckpointError(f"{run_dir} is not a training run directory (no config.yaml).")
+    run = Run(load_config(run_dir / "config.yaml"), run_dir)
+    run.restore()
+    return run
+
+
+def _cmd_eval(args) -> int:
+    run = _restored_run(Path(args.run))
+    print(json.dumps(run.evaluate(args.examples), indent=2))
+    return 0
+
+
+def _cmd_sample(args) -> int:
+    import jax
+    import numpy as np
+
+    from ais_jax.hf import HFTokenizer, load_hf
+    from ais_jax.runner import decode_responses, encode_prompts
+    from ais_jax.sampler import generate
+    from ais_jax.train import sync_rollout_params
+
+    if args.run:
+        run = _restored_run(Path(args.run))
+        config, tokenizer, rollout = run.model_config, run.tokenizer, run.cfg.rollout
+        params = run.state.params
+    else:
+        from ais_jax.config import RolloutConfig
+
+        tokenizer = HFTokenizer(args.checkpoint)
+        config, params = load_hf(args.checkpoint)
+        rollout = RolloutConfig()
+    import dataclasses
+
+    rollout = dataclasses.replace(rollout, format=args.format)
+    prompts, mask = encode_prompts(tokenizer, [args.prompt] * args.n, max(
+        rollout.max_prompt_len, len(tokenizer.encode(args.prompt)) + 1))
+    ro = generate(sync_rollout_params(params, rollout), config, prompts, jax.random.key(args.seed),
+                  prompt_mask=mask, max_new_tokens=args.max_new_tokens or rollout.max_new_tokens,
+                  temperature=args.temperature, eos_ids=(tokenizer.eos_id,),
+                  pad_id=tokenizer.pad_id)
+    lengths = np.asarray(ro.lengths) - np.asarray(ro.finished)
+    for text, lp, m in zip(decode_responses(tokenizer, np.asarray(ro.tokens), lengths),
+                           np.asarray(ro.logp_plain), np.asarray(ro.mask), strict=True):
+        print(json.dumps({"prompt": args.prompt, "response": text,
+                          "logp": float(lp[m].sum())}))
+    return 0
+
+
+def _cmd_export(args) -> int:
+    from ais_jax.hf import save_hf
+
+    run = _restored_run(Path(args.run))
+    path = save_hf(args.to, run.model_config, run.state.params)
+    if hasattr(run.tokenizer, "save"):
+        run.tokenizer.save(path)
+    print(f"wrote {path}")
+    return 0
+
+
+def _cmd_compare(args) -> int:
+    from ais_jax.compare import run_comparison
+
+    cfg = _load(args)
+    out = Path(args.out) if args.out else _new_run_dir("compare")
+    table = run_comparison(cfg, out, seeds=args.seeds, arms=args.arms,
+                           show_progress=not args.no_progress)
+    print(table)
+    return 0
+
+
+def _cmd_plan(args) -> int:
+    from ais_jax.plan import main as plan_main
+
+    return plan_main(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ais-jax", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command")
+
+    def with_config(sp):
+        sp.add_argument("--config", help="YAML config (default: the embedded quickstart)")
+        sp.add_argument("--set", action="append", metavar="KEY=VALUE",
+                        help="override a config value, e.g. --set rollout.format=float4_e2m1fn")
+        sp.add_argument("--out", help="output directory (default: runs/<command>-<time>)")
+        sp.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+    t = sub.add_parser("train", help="SFT warm start + GRPO with FP8 rollout and AIS")
+    with_config(t)
+    t.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
+    t.add_argument("--resume-fallback", action="store_true",
+                   help="with --resume: use the newest *readable* checkpoint if the last is bad")
+    t.set_defaults(fn=_cmd_train)
+
+    e = sub.add_parser("eval", help="held-out accuracy of a run's latest checkpoint")
+    e.add_argument("--run", required=True)
+    e.add_argument("--examples", type=int, default=None)
+    e.set_defaults(fn=_cmd_eval)
+
+    s = sub.add_parser("sample", help="sample responses from a run or an HF checkpoint")
+    src = s.add_mutually_exclusive_group(required=True)
+    src.add_argument("--run")
+    src.add_argument("--checkpoint")
+    s.add_argument("--prompt", required=True)
+    s.add_argument("--n", type=int, default=4)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--temperature", type=float, default=1.0)
+    s.add_argument("--max-new-tokens", type=int, default=None)
+    s.add_argument("--format", default="bf16", help="bf16 or a quant format (float8_e4m3fn...)")
+    s.set_defaults(fn=_cmd_sample)
+
+    x = sub.add_parser("export-hf", help="write a run's trained params as an HF directory")
+    x.add_argument("--run", required=True)
+    x.add_argument("--to", required=True)
+    x.set_defaults(fn=_cmd_export)
+
+    c = sub.add_parser("compare", help="the paper's four arms x seeds, table + plots")
+    with_config(c)
+    c.add_argument("--seeds", type=int, default=3)
+    c.add_argument("--arms", default=None, help="comma-separated subset of the arms")
+    c.set_defaults(fn=_cmd_compare)
+
+    pl = sub.add_parser("plan", help="per-device memory of a model on a mesh (no allocation)")
+    pl.add_argument("--model", default="qwen3-8b")
+    pl.add_argument("--mesh", default="data=1,fsdp=1,tensor=1")
+    pl.add_argument("--batch", type=int, default=64)
+    pl.add_argument("--seq", type=int, default=2048)
+    pl.set_defaults(fn=_cmd_plan)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("ais_jax").setLevel(logging.INFO)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv or ["train"])
+    if args.command is None:
+        args = parser.parse_args(["train", *argv])
+    try:
+        return args.fn(args)
+    except (ValueError, CheckpointError, FileNotFoundError) as e:
+        print(f"ais-jax {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,290 @@
+"""Run configuration: frozen, keyword-only dataclasses, read strictly from YAML.
+
+A YAML file maps onto `TrainConfig` section by section; `--set a.b=value` overrides a leaf (the
+value is parsed as YAML, so `--set rollout.top_p=0.9` gives a float). An unknown key is an error
+that names it and lists the valid keys; a value of the wrong type or out of range is an error
+that names the key, the value and what is allowed. Each section validates itself in
+`__post_init__`, so a bad config fails before any array is allocated.
+
+    model       which network: a built-in preset trained from scratch, or a local HF checkpoint
+    task        the verifiable task (tasks/) and its options
+    rollout     the rollout engine: number format, sampling, group size, response length
+    correction  the rollout-vs-trainer correction: none | tis | ais | mis (ais.py)
+    loss        the GRPO objective (grpo.py)
+    optim       AdamW, schedule, PPO epochs and minibatches
+    sft         the supervised warm start on task demonstrations
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from ais_jax.quant import FORMATS
+
+ROLLOUT_FORMATS = ("bf16", *FORMATS)
+CORRECTIONS = ("none", "tis", "ais", "mis")
+AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
+
+
+def _check(cond: bool, section: str, key: str, value: Any, allowed: str) -> None:
+    if not cond:
+        raise ValueError(f"{section}.{key}={value!r} is invalid: {allowed}.")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """A preset (random init) or a local Hugging Face directory (`checkpoint`)."""
+
+    preset: str = "tiny"
+    checkpoint: str | None = None
+    hidden_size: int | None = None
+    num_layers: int | None = None
+    num_heads: int | None = None
+    num_kv_heads: int | None = None
+    head_dim: int | None = None
+    intermediate_size: int | None = None
+
+    def overrides(self) -> dict[str, int]:
+        names = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+                 "intermediate_size")
+        return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TaskConfig:
+    name: str = "arithmetic"
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    eval_examples: int = 200
+
+    def __post_init__(self):
+        _check(self.eval_examples >= 1, "task", "eval_examples", self.eval_examples, "must be >= 1")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RolloutConfig:
+    format: str = "float8_e4m3fn"
+    act_scaling: Literal["tensor", "token"] = "tensor"
+    fp8_lm_head: bool = False
+    prompts_per_step: int = 16
+    group_size: int = 8
+    max_new_tokens: int = 16
+    max_prompt_len: int = 32
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+
+    def __post_init__(self):
+        s = "rollout"
+        _check(self.format in ROLLOUT_FORMATS, s, "format", self.format,
+               f"allowed: {list(ROLLOUT_FORMATS)}")
+        _check(self.act_scaling in ("tensor", "token"), s, "act_scaling", self.act_scaling,
+               "allowed: ['tensor', 'token']")
+        _check(self.prompts_per_step >= 1, s, "prompts_per_step", self.prompts_per_step,
+               "must be >= 1")
+        _check(self.group_size >= 2, s, "group_size", self.group_size,
+               "must be >= 2 (group-relative advantages need at least two answers)")
+        _check(self.max_new_tokens >= 1, s, "max_new_tokens", self.max_new_tokens, "must be >= 1")
+        _check(self.max_prompt_len >= 1, s, "max_prompt_len", self.max_prompt_len, "must be >= 1")
+        _check(self.temperature > 0, s, "temperature", self.temperature, "must be > 0")
+        _check(self.top_k is None or self.top_k >= 1, s, "top_k", self.top_k,
+               "must be >= 1 or null")
+        _check(self.top_p is None or 0 < self.top_p <= 1, s, "top_p", self.top_p,
+               "must be in (0, 1] or null")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CorrectionConfig:
+    method: str = "ais"
+    clip: float = 5.0
+    delta: float = 0.02
+    gamma: float = 1.2
+    beta_var: float = 1.0
+    eps: float = 1e-6
+    low: float = 0.5
+    high: float = 2.0
+    level: str = "token"
+
+    def __post_init__(self):
+        s = "correction"
+        _check(self.method in CORRECTIONS, s, "method", self.method, f"allowed: {list(CORRECTIONS)}")
+        for key in ("clip", "delta", "gamma", "eps"):
+            _check(getattr(self, key) > 0, s, key, getattr(self, key), "must be > 0")
+        _check(self.beta_var >= 0, s, "beta_var", self.beta_var, "must be >= 0")
+        _check(0 < self.low <= 1 <= self.high, s, "low/high", (self.low, self.high),
+               "need 0 < low <= 1 <= high")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LossConfig:
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    kl_coef: float = 0.0
+    aggregation: str = "seq_mean_token_mean"
+
+    def __post_init__(self):
+        _check(self.clip_low > 0 and self.clip_high > 0, "loss", "clip_low/clip_high",
+               (self.clip_low, self.clip_high), "must be > 0")
+        _check(self.kl_coef >= 0, "loss", "kl_coef", self.kl_coef, "must be >= 0")
+        _check(self.aggregation in AGGREGATIONS, "loss", "aggregation", self.aggregation,
+               f"allowed: {list(AGGREGATIONS)}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OptimConfig:
+    learning_rate: float = 1e-4
+    weight_decay: float = 0.0
+    b1: float = 0.9
+    b2: float = 0.99
+    grad_clip: float = 1.0
+    warmup_steps: int = 0
+    schedule: Literal["constant", "cosine"] = "constant"
+    ppo_epochs: int = 1
+    minibatches: int = 1
+
+    def __post_init__(self):
+        s = "optim"
+        _check(self.learning_rate > 0, s, "learning_rate", self.learning_rate, "must be > 0")
+        _check(self.weight_decay >= 0, s, "weight_decay", self.weight_decay, "must be >= 0")
+        _check(0 <= self.b1 < 1 and 0 <= self.b2 < 1, s, "b1/b2", (self.b1, self.b2),
+               "must be in [0, 1)")
+        _check(self.grad_clip > 0, s, "grad_clip", self.grad_clip, "must be > 0")
+        _check(self.warmup_steps >= 0, s, "warmup_steps", self.warmup_steps, "must be >= 0")
+        _check(self.schedule in ("constant", "cosine"), s, "schedule", self.schedule,
+               "allowed: ['constant', 'cosine']")
+        _check(self.ppo_epochs >= 1, s, "ppo_epochs", self.ppo_epochs, "must be >= 1")
+        _check(self.minibatches >= 1, s, "minibatches", self.minibatches, "must be >= 1")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SFTConfig:
+    steps: int = 300
+    batch_size: int = 64
+    learning_rate: float = 3e-3
+
+    def __post_init__(self):
+        _check(self.steps >= 0, "sft", "steps", self.steps, "must be >= 0")
+        _check(self.batch_size >= 1, "sft", "batch_size", self.batch_size, "must be >= 1")
+        _check(self.learning_rate > 0, "sft", "learning_rate", self.learning_rate, "must be > 0")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    seed: int = 0
+    steps: int = 40
+    checkpoint_every: int = 10
+    eval_every: int = 0
+    model: ModelSpec = dataclasses.field(default_factory=ModelSpec)
+    task: TaskConfig = dataclasses.field(default_factory=TaskConfig)
+    rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
+    correction: CorrectionConfig = dataclasses.field(default_factory=CorrectionConfig)
+    loss: LossConfig = dataclasses.field(default_factory=LossConfig)
+    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+    sft: SFTConfig = dataclasses.field(default_factory=SFTConfig)
+
+    def __post_init__(self):
+        _check(self.steps >= 0, "train", "steps", self.steps, "must be >= 0")
+        _check(self.checkpoint_every >= 1, "train", "checkpoint_every", self.checkpoint_every,
+               "must be >= 1")
+        _check(self.eval_every >= 0, "train", "eval_every", self.eval_every, "must be >= 0")
+        batch = self.rollout.prompts_per_step * self.rollout.group_size
+        _check(batch % self.optim.minibatches == 0, "optim", "minibatches",
+               self.optim.minibatches,
+               f"must divide the rollout batch prompts_per_step*group_size = {batch}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# ---- YAML <-> dataclasses -------------------------------------------------------------------
+
+
+def from_dict(cls: type, data: dict[str, Any], *, where: str = "") -> Any:
+    """Build dataclass ``cls`` from a nested dict; unknown keys and wrong types are errors."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{where or 'config'} must be a mapping, got {type(data).__name__}.")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        prefix = f"{where}." if where else ""
+        raise ValueError(f"Unknown config key(s) {[prefix + k for k in unknown]}; valid keys "
+                         f"{('in ' + where) if where else 'at the top level'}: {sorted(fields)}.")
+    kwargs = {}
+    for key, value in data.items():
+        path = f"{where}.{key}" if where else key
+        kwargs[key] = _coerce(hints[key], value, path)
+    return cls(**kwargs)
+
+
+def _coerce(tp: Any, value: Any, path: str) -> Any:
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value or {}, where=path)
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(inner[0], value, path)
+    if origin is Literal:
+        if value not in typing.get_args(tp):
+            raise ValueError(f"{path}={value!r} is invalid: allowed {list(typing.get_args(tp))}.")
+        return value
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ValueError(f"{path} must be a mapping, got {value!r}.")
+        return dict(value)
+    if tp is float and isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if tp is float and isinstance(value, str):  # YAML 1.1 reads "1e-4" as a string
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    if tp in (int, str, bool) and not (isinstance(value, tp) and
+                                      (tp is bool or not isinstance(value, bool))):
+        raise ValueError(f"{path}={value!r} has the wrong type: expected {tp.__name__}.")
+    if tp is float and not isinstance(value, float):
+        raise ValueError(f"{path}={value!r} has the wrong type: expected a number.")
+    return value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``a.b=value`` strings (values parsed as YAML) to a nested dict."""
+    data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
+    for item in overrides:
+        if "=" not in item:
+            raise ValueError(f"--set {item!r} must look like section.key=value.")
+        dotted, raw = item.split("=", 1)
+        keys = dotted.strip().split(".")
+        node = data
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"--set {item!r}: {k!r} is not a section.")
+        node[keys[-1]] = yaml.safe_load(raw)
+    return data
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> TrainConfig:
+    """Read a YAML file (or the defaults when ``path`` is None) and apply ``--set`` overrides."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ValueError(f"Config file {str(p)!r} does not exist.")
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ValueError(f"Config file {p} is not valid YAML: {e}") from None
+    return from_dict(TrainConfig, apply_overrides(data, list(overrides)))
+
+
+def dump_config(config: TrainConfig) -> str:
+    return yaml.safe_dump(config.to_dict(), sort_keys=False)

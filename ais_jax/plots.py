@@ -1,0 +1,80 @@
+"""PNG plots of a run's metrics.jsonl: reward, the AIS coefficients, ESS and mismatch.
+
+Matplotlib with the non-interactive Agg backend, so it works on a headless machine.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+PANELS = {
+    "reward.png": ("Reward", ["reward/mean", "reward/accuracy"]),
+    "ais.png": ("AIS coefficients", ["ais/alpha", "ais/alpha_ess", "ais/alpha_mis",
+                                     "ais/alpha_var"]),
+    "ess.png": ("Effective sample size ratio", ["ais/ess_ratio", "mismatch/ess_ratio"]),
+    "mismatch.png": ("Rollout vs trainer mismatch", ["ais/mismatch", "mismatch/k3"]),
+}
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    with Path(path).open() as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def plot_run(metrics_file: str | Path, out_dir: str | Path) -> list[Path]:
+    """Write one PNG per panel of `PANELS` (skipping metrics the run did not log)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_metrics(metrics_file)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for fname, (title, keys) in PANELS.items():
+        keys = [k for k in keys if rows and k in rows[0]]
+        if not keys:
+            continue
+        fig, ax = plt.subplots(figsize=(6, 3.5), dpi=110)
+        steps = [r["step"] for r in rows]
+        for k in keys:
+            ax.plot(steps, [r[k] for r in rows], label=k, lw=1.5)
+        ax.set_title(title)
+        ax.set_xlabel("RL step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out_dir / fname)
+        plt.close(fig)
+        written.append(out_dir / fname)
+    return written
+
+
+def plot_arms(runs: dict[str, list[list[dict]]], keys: list[str], out_file: str | Path) -> Path:
+    """One panel per metric key, one line per arm (mean over seeds, band = min..max)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 3.5), dpi=110, squeeze=False)
+    for ax, key in zip(axes[0], keys, strict=True):
+        for arm, seeds in runs.items():
+            n = min(len(rows) for rows in seeds)
+            if n == 0 or key not in seeds[0][0]:
+                continue
+            values = np.array([[r[key] for r in rows[:n]] for rows in seeds])
+            steps = [r["step"] for r in seeds[0][:n]]
+            ax.plot(steps, values.mean(0), label=arm, lw=1.5)
+            ax.fill_between(steps, values.min(0), values.max(0), alpha=0.15)
+        ax.set_title(key)
+        ax.set_xlabel("RL step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_file)
+    plt.close(fig)
+    return Path(out_file)
