@@ -88,14 +88,14 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     """RMSNorm with float32 statistics, cast back before the weight (as Hugging Face does)."""
     x32 = x.astype(jnp.float32)
     x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-    return weight.astype(x.dtype) * x32.astype(x.dtype)
+    return jnp.broadcast_to(weight.astype(x.dtype), x.shape) * x32.astype(x.dtype)
 
 
 def rope(x_BSNE: jax.Array, positions_BS: jax.Array, theta: float) -> jax.Array:
     """Rotate-half rotary embedding; angles in float32, applied in ``x``'s dtype."""
     E = x_BSNE.shape[-1]
     inv_freq = 1.0 / (theta ** (jnp.arange(0, E, 2, dtype=jnp.float32) / E))
-    angles_BSe = positions_BS.astype(jnp.float32)[..., None] * inv_freq
+    angles_BSe = positions_BS.astype(jnp.float32)[..., None] * inv_freq[None, None]
     angles_BSE = jnp.concatenate([angles_BSe, angles_BSe], axis=-1)[:, :, None, :]
     cos, sin = jnp.cos(angles_BSE).astype(x_BSNE.dtype), jnp.sin(angles_BSE).astype(x_BSNE.dtype)
     x1, x2 = jnp.split(x_BSNE, 2, axis=-1)
@@ -122,8 +122,8 @@ def _qkv(lp: Params, c: ModelConfig, x_BSD, positions_BS, row_mask_BS):
     k = linear(x_BSD, lp["k_proj"], row_mask=row_mask_BS)
     v = linear(x_BSD, lp["v_proj"], row_mask=row_mask_BS)
     if c.attention_bias:
-        q, k, v = q + lp["q_bias"].astype(q.dtype), k + lp["k_bias"].astype(k.dtype), \
-            v + lp["v_bias"].astype(v.dtype)
+        q, k, v = (a + jnp.broadcast_to(lp[f"{n}_bias"].astype(a.dtype), a.shape)
+                   for a, n in ((q, "q"), (k, "k"), (v, "v")))
     q_BSHE = q.reshape(B, S, c.num_heads, c.head_dim)
     k_BSKE = k.reshape(B, S, c.num_kv_heads, c.head_dim)
     v_BSKE = v.reshape(B, S, c.num_kv_heads, c.head_dim)
@@ -161,7 +161,8 @@ def _logits(params: Params, c: ModelConfig, x_BSD, row_mask_BS) -> jax.Array:
 
 def positions_from_mask(mask_BS: jax.Array, offset_B: jax.Array | int = 0) -> jax.Array:
     """Left-padding positions: the number of earlier valid tokens (0 on padding)."""
-    pos = jnp.cumsum(mask_BS.astype(jnp.int32), axis=-1) - 1 + jnp.asarray(offset_B)[..., None]
+    offset_B = jnp.broadcast_to(jnp.asarray(offset_B, jnp.int32), mask_BS.shape[:-1])
+    pos = jnp.cumsum(mask_BS.astype(jnp.int32), axis=-1) - 1 + offset_B[..., None]
     return jnp.maximum(pos, 0)
 
 

@@ -51,6 +51,12 @@ class ModelConfig:
             raise ValueError(f"ModelConfig.head_dim must be even for RoPE, got {self.head_dim}.")
         if not self.rope_theta > 0:
             raise ValueError(f"ModelConfig.rope_theta must be > 0, got {self.rope_theta!r}.")
+        if self.qk_norm and self.attention_bias:
+            raise ValueError("ModelConfig: attention_bias=True with qk_norm=True (Qwen3) is not "
+                             "supported; Qwen3 checkpoints have no attention biases.")
+        if not self.qk_norm and not self.attention_bias:
+            raise ValueError("ModelConfig: qk_norm=False (Qwen2) needs attention_bias=True; "
+                             "Qwen2 checkpoints always carry q/k/v biases.")
         if not self.rms_norm_eps > 0:
             raise ValueError(f"ModelConfig.rms_norm_eps must be > 0, got {self.rms_norm_eps!r}.")
 
@@ -107,7 +113,8 @@ class ModelConfig:
         """Build a preset by name (``"qwen3-8b"``, ``"tiny"``, ...) with field overrides."""
         key = name.lower().replace("-", "_").replace(".", "p")
         if key not in PRESETS:
-            raise ValueError(f"Unknown model preset {name!r}; valid presets: {sorted(PRESETS)}.")
+            valid = [k.replace("_", "-").replace("0p6", "0.6").replace("1p7", "1.7") for k in PRESETS]
+            raise ValueError(f"Unknown model preset {name!r}; valid presets: {valid}.")
         return dataclasses.replace(getattr(cls, PRESETS[key])(), **overrides)
 
     # ---- Hugging Face config.json ---------------------------------------------------------
@@ -130,6 +137,9 @@ class ModelConfig:
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type not in ("default", None):
             raise ValueError(f"{source}: rope_type {rope_type!r} is not supported; only 'default'.")
+        if hf.get("use_sliding_window"):
+            raise ValueError(f"{source}: use_sliding_window=true is not supported; ais_jax "
+                             "implements full attention only.")
         rope_theta = rope.get("rope_theta", hf.get("rope_theta", 10_000.0))
         heads = hf["num_attention_heads"]
         qwen3 = arch == ARCHITECTURES[0]

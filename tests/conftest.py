@@ -1,0 +1,91 @@
+"""Shared fixtures: tiny random Hugging Face Qwen3/Qwen2 checkpoints built with `transformers`.
+
+`make_hf_checkpoint(tmp_path_factory, arch, **shape)` writes a float32 `save_pretrained`
+directory whose every weight is random (matrices std 0.2, norms 1 + 0.2 N(0, 1), Qwen2 q/k/v
+biases 0.2 N(0, 1)) so logits are O(1), never near zero, plus a `tokenizer.json` (WordLevel over
+the whitespace-separated words "0" .. "V-2", and "<eos>" = V-1) and a `generation_config.json`
+naming that eos id. The `hf_checkpoint` fixture is the same factory, cached per session: treat
+the directories it returns as read-only (copy one before breaking it).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+TINY = dict(
+    vocab_size=96,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    intermediate_size=64,
+    rope_theta=10_000.0,
+    tie_word_embeddings=False,
+)
+
+
+def write_tokenizer(folder: Path, num_words: int, eos_id: int | None = None) -> None:
+    """A WordLevel `tokenizer.json`: word ``str(i)`` is id ``i`` for ``i < num_words``, then
+    ``<eos>`` (a special token) is id ``num_words``; ``eos_id`` goes to generation_config.json."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {str(i): i for i in range(num_words)} | {"<eos>": num_words}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(["<eos>"])
+    tok.save(str(folder / "tokenizer.json"))
+    if eos_id is not None:
+        (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": eos_id}))
+
+
+def make_hf_checkpoint(tmp_path_factory, arch: str = "qwen3", *, seed: int = 0, **shape) -> Path:
+    """Build and save a random-weight ``Qwen3ForCausalLM`` / ``Qwen2ForCausalLM`` (float32)."""
+    import torch
+    import transformers
+
+    kw = TINY | shape
+    rope_theta = kw.pop("rope_theta")
+    config_cls, model_cls = {
+        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+    }[arch]
+    config = config_cls(
+        **kw,
+        rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
+        eos_token_id=kw["vocab_size"] - 1,
+    )
+    torch.manual_seed(seed)
+    model = model_cls(config).to(torch.float32)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = 0.2 * torch.randn(p.shape, dtype=torch.float32)
+            p.copy_(1.0 + noise if name.endswith("norm.weight") else noise)
+    folder = tmp_path_factory.mktemp(f"hf_{arch}")
+    model.save_pretrained(folder)
+    write_tokenizer(folder, kw["vocab_size"] - 1, eos_id=kw["vocab_size"] - 1)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def hf_checkpoint(tmp_path_factory):
+    """``hf_checkpoint(arch="qwen3", **shape) -> Path``, one directory per distinct argument set."""
+    cache: dict[tuple, Path] = {}
+
+    def build(arch: str = "qwen3", **shape) -> Path:
+        key = (arch, tuple(sorted(shape.items())))
+        if key not in cache:
+            cache[key] = make_hf_checkpoint(tmp_path_factory, arch, **shape)
+        return cache[key]
+
+    return build
+
+
+@pytest.fixture
+def checkpoint_copy(hf_checkpoint, tmp_path):
+    """A private, writable copy of the default tiny Qwen3 checkpoint (for breaking it)."""
+    return Path(shutil.copytree(hf_checkpoint(), tmp_path / "ckpt"))

@@ -1,0 +1,250 @@
+"""Specification of `model.py` and `model_config.py` without a reference implementation.
+
+What must hold for any weights: causality and padding invariance of `forward`; the KV cache
+(a left-padded prefill, then one-token decode steps, some rows finished) reproduces the
+full-sequence logits; the real Qwen3 sizes are built by `jax.eval_shape` alone and have the
+published parameter counts; configs validate eagerly with messages that name the field.
+Parity with `transformers` itself is in test_hf.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ais_jax.model import forward, forward_cached, init_cache, param_shapes
+from ais_jax.model_config import PRESETS, ModelConfig
+
+QWEN3 = ModelConfig(
+    vocab_size=96,
+    hidden_size=32,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    intermediate_size=64,
+    rope_theta=10_000.0,
+    tie_embeddings=False,
+)
+QWEN2 = dataclasses.replace(
+    QWEN3, qk_norm=False, attention_bias=True, tie_embeddings=True, num_kv_heads=1
+)
+CONFIGS = pytest.mark.parametrize("config", [QWEN3, QWEN2], ids=["qwen3", "qwen2"])
+
+_forward = jax.jit(forward, static_argnums=1)
+
+
+@pytest.fixture(autouse=True)
+def _strict_rank_promotion():
+    """`jax_numpy_rank_promotion="raise"`, scoped to this module's tests."""
+    with jax.numpy_rank_promotion("raise"):
+        yield
+
+
+@functools.partial(jax.jit, static_argnums=(0, 2))
+def random_params(config: ModelConfig, seed: int = 0, std: float = 0.2):
+    """Every leaf random (norm weights around one, biases nonzero) so logits are O(1)."""
+    shapes = param_shapes(config, jnp.float32)
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(shapes)
+    keys = jax.random.split(jax.random.key(seed), len(leaves))
+    out = []
+    for (path, leaf), key in zip(leaves, keys, strict=True):
+        noise = std * jax.random.normal(key, leaf.shape, jnp.float32)
+        out.append(1.0 + noise if "norm" in jax.tree_util.keystr(path) else noise)
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def left_padded(seed: int, batch: int, seq: int, vocab: int, pads=(0, 3, 6)):
+    """Random tokens (padding tokens random too) and a left-padding mask."""
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, vocab, (batch, seq))
+    mask = np.arange(seq)[None] >= np.asarray(pads[:batch])[:, None]
+    return jnp.asarray(tokens, jnp.int32), jnp.asarray(mask)
+
+
+def assert_close(ours, ref, where):
+    """|ours - ref| <= 1e-4 * max(1, |ref|) elementwise over the positions ``where[B, S]``."""
+    ours, ref = np.asarray(ours)[np.asarray(where)], np.asarray(ref)[np.asarray(where)]
+    assert np.isfinite(ours).all()
+    bound = 1e-4 * np.maximum(1.0, np.abs(ref))
+    excess = np.abs(ours - ref) - bound
+    assert excess.max() <= 0, f"max |diff| {np.abs(ours - ref).max():.3g} exceeds 1e-4 tolerance"
+    return float(np.abs(ours - ref).max())
+
+
+# ---- forward: properties ------------------------------------------------------------------------
+
+
+@CONFIGS
+@pytest.mark.parametrize("t", [0, 4, 9])
+def test_causality(config, t):
+    """Changing token t changes no logit before t (bitwise) and does change the logits at t."""
+    params = random_params(config)
+    tokens, mask = left_padded(1, 3, 10, config.vocab_size, pads=(0, 0, 0))
+    changed = tokens.at[:, t].set((tokens[:, t] + 1 + jnp.arange(3)) % config.vocab_size)
+    before, after = (
+        np.asarray(_forward(params, config, tokens, mask)),
+        np.asarray(_forward(params, config, changed, mask)),
+    )
+    np.testing.assert_array_equal(after[:, :t], before[:, :t])
+    assert np.abs(after[:, t] - before[:, t]).max(axis=-1).min() > 1e-3
+
+
+@CONFIGS
+def test_padding_is_invisible(config):
+    """Pad tokens don't matter, and a row's logits don't depend on how much padding precedes it:
+    left-padded rows equal the same tokens placed first (right-padded, so nothing precedes them)."""
+    params = random_params(config)
+    tokens, mask = left_padded(2, 3, 10, config.vocab_size)
+    logits = np.asarray(_forward(params, config, tokens, mask))
+    other_pads = jnp.where(mask, tokens, (tokens + 7) % config.vocab_size)
+    valid = np.asarray(mask)
+    np.testing.assert_array_equal(
+        np.asarray(_forward(params, config, other_pads, mask))[valid], logits[valid]
+    )
+    pads = (~valid).sum(1)
+    first = jnp.stack([jnp.roll(tokens[b], -int(pads[b])) for b in range(3)])
+    first_logits = _forward(params, config, first, mask[:, ::-1])
+    shifted = np.stack([np.roll(logits[b], -int(pads[b]), axis=0) for b in range(3)])
+    assert_close(shifted, first_logits, valid[:, ::-1])
+
+
+def test_logits_are_float32_and_finite_for_bf16_params():
+    params = jax.tree_util.tree_map(lambda a: a.astype(jnp.bfloat16), random_params(QWEN3))
+    tokens, mask = left_padded(3, 3, 10, QWEN3.vocab_size)
+    logits = _forward(params, QWEN3, tokens, mask)
+    assert logits.dtype == jnp.float32 and logits.shape == (3, 10, QWEN3.vocab_size)
+    assert np.isfinite(np.asarray(logits)).all()
+
+
+# ---- KV cache -----------------------------------------------------------------------------------
+
+
+@CONFIGS
+def test_kv_cache_decode_matches_full_forward(config):
+    """Prefill a left-padded prompt batch, then decode one token per step (row 1 finishes after
+    two steps): every step's logits equal the full-sequence forward at that position."""
+    P, N, B = 7, 5, 3
+    params = random_params(config, seed=4)
+    prompt, prompt_mask = left_padded(5, B, P, config.vocab_size)
+    new = jnp.asarray(np.random.default_rng(6).integers(0, config.vocab_size, (B, N)), jnp.int32)
+    new_mask = jnp.ones((B, N), bool).at[1, 2:].set(False)
+    full = _forward(
+        params,
+        config,
+        jnp.concatenate([prompt, new], 1),
+        jnp.concatenate([prompt_mask, new_mask], 1),
+    )
+
+    step = jax.jit(forward_cached, static_argnums=1)
+    cache = init_cache(config, B, P + N, dtype=jnp.float32)
+    logits, cache = step(params, config, prompt, cache, prompt_mask)
+    assert_close(logits, full[:, :P], prompt_mask)
+    compiled = None
+    for j in range(N):
+        logits, cache = step(params, config, new[:, j : j + 1], cache, new_mask[:, j : j + 1])
+        assert_close(logits, full[:, P + j : P + j + 1], new_mask[:, j : j + 1])
+        compiled = compiled or step._cache_size()
+    assert int(cache.index) == P + N
+    np.testing.assert_array_equal(cache.next_pos, prompt_mask.sum(1) + new_mask.sum(1))
+    assert step._cache_size() == compiled  # decode steps after the first never retrace
+
+
+# ---- real sizes without allocating --------------------------------------------------------------
+
+
+def _leaf_count(tree) -> int:
+    leaves = jax.tree_util.tree_leaves(tree)
+    assert all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves), "param_shapes allocated"
+    return sum(int(np.prod(x.shape)) for x in leaves)
+
+
+@pytest.mark.parametrize("name, published", [("qwen3-8b", 8.19e9), ("qwen3-0.6b", 0.596e9)])
+def test_real_size_parameter_count(name, published):
+    config = ModelConfig.preset(name)
+    shapes = param_shapes(config)
+    assert ("lm_head" in shapes) == (not config.tie_embeddings)
+    L, HE, D = config.num_layers, config.num_heads * config.head_dim, config.hidden_size
+    assert shapes["layers"]["q_proj"].shape == (L, HE, D)
+    assert _leaf_count(shapes) == config.num_params
+    assert abs(config.num_params - published) <= 0.01 * published
+    print(f"{name}: {config.num_params / 1e9:.4f}B parameters")
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    kv=st.integers(1, 4),
+    group=st.integers(1, 3),
+    half_e=st.integers(1, 8),
+    d=st.integers(1, 64),
+    f=st.integers(1, 64),
+    layers=st.integers(1, 3),
+    v=st.integers(1, 300),
+    family=st.sampled_from(["qwen3", "qwen2"]),
+    tied=st.booleans(),
+)
+def test_num_params_and_hf_dict_roundtrip(kv, group, half_e, d, f, layers, v, family, tied):
+    """For any valid config: `num_params` is the size of the tree, and config.json round-trips."""
+    config = ModelConfig(
+        vocab_size=v,
+        hidden_size=d,
+        num_layers=layers,
+        num_heads=kv * group,
+        num_kv_heads=kv,
+        head_dim=2 * half_e,
+        intermediate_size=f,
+        tie_embeddings=tied,
+        qk_norm=family == "qwen3",
+        attention_bias=family == "qwen2",
+        rope_theta=12_345.0,
+    )
+    assert _leaf_count(param_shapes(config)) == config.num_params
+    assert ModelConfig.from_hf_dict(config.to_hf_dict()) == config
+
+
+@pytest.mark.parametrize("key", sorted(PRESETS))
+def test_presets_are_consistent(key):
+    config = ModelConfig.preset(key)
+    assert _leaf_count(param_shapes(config)) == config.num_params
+    assert ModelConfig.from_hf_dict(config.to_hf_dict()) == config
+
+
+# ---- config validation --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        (
+            dict(num_heads=6, num_kv_heads=4),
+            r"num_heads \(6\) must be a multiple of num_kv_heads \(4",
+        ),
+        (dict(head_dim=15), r"head_dim must be even.*15"),
+        (dict(hidden_size=0), r"hidden_size must be a positive integer, got 0"),
+        (dict(vocab_size=-3), r"vocab_size must be a positive integer, got -3"),
+        (dict(num_layers=0), r"num_layers must be a positive integer"),
+        (dict(num_kv_heads=0), r"num_kv_heads must be a positive integer"),
+        (dict(intermediate_size=2.5), r"intermediate_size must be a positive integer, got 2.5"),
+        (dict(head_dim=True), r"head_dim must be a positive integer, got True"),
+        (dict(rope_theta=0.0), r"rope_theta must be > 0"),
+        (dict(rms_norm_eps=-1e-6), r"rms_norm_eps must be > 0"),
+    ],
+)
+def test_config_validation_names_the_field(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        ModelConfig.preset("tiny", **overrides)
+
+
+def test_presets_by_name():
+    assert ModelConfig.preset("qwen3-8b") == ModelConfig.qwen3_8b()
+    assert ModelConfig.preset("Qwen3-0.6B") == ModelConfig.qwen3_0p6b()
+    assert ModelConfig.preset("tiny", vocab_size=77).vocab_size == 77
+    with pytest.raises(ValueError, match=r"Unknown model preset .qwen9-1t.*qwen3-8b.*tiny"):
+        ModelConfig.preset("qwen9-1t")
