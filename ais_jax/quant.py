@@ -122,9 +122,14 @@ def round_to_format(x: jax.Array, fmt: Format) -> jax.Array:
 
 
 def _safe_scale(amax: jax.Array, fmt: Format) -> jax.Array:
-    """amax / fmax, with 1.0 for an all-zero (or all-masked) tensor so 0/0 never happens."""
+    """amax / fmax, with 1.0 for an all-zero (or all-masked) tensor so 0/0 never happens.
+
+    The scale is floored at the smallest normal float32: for a tiny amax (below fmax times
+    that), amax / fmax is subnormal, which flush-to-zero hardware (XLA CPU, GPU) makes 0, and
+    x / 0 would give inf and NaN codes."""
     amax = amax.astype(jnp.float32)
-    return jnp.where(amax > 0, amax / fmt.max, 1.0)
+    scale = jnp.maximum(amax / fmt.max, jnp.finfo(jnp.float32).tiny)
+    return jnp.where(amax > 0, scale, 1.0)
 
 
 def quantize_weight(w_OI: jax.Array, fmt: str = "float8_e4m3fn", *,

@@ -26,6 +26,7 @@ With the default full-vocabulary sampling (top_k=None, top_p=None) the two are i
 from __future__ import annotations
 
 import functools
+import numbers
 from collections.abc import Sequence
 
 import jax
@@ -81,13 +82,12 @@ def filter_logits(logits_BV: jax.Array, top_k: jax.Array, top_p: jax.Array) -> j
     Keeps the ``top_k`` largest logits, then the smallest prefix of them (by probability,
     renormalised over the top-k) whose mass reaches ``top_p``; the rest become -inf.
     """
-    V = logits_BV.shape[-1]
     sorted_BV = -jnp.sort(-logits_BV, axis=-1)
-    rank_V = jnp.arange(V)
-    sorted_BV = jnp.where(rank_V < top_k, sorted_BV, -jnp.inf)
+    rank_BV = jax.lax.broadcasted_iota(jnp.int32, sorted_BV.shape, sorted_BV.ndim - 1)
+    sorted_BV = jnp.where(rank_BV < top_k, sorted_BV, -jnp.inf)
     probs_BV = jax.nn.softmax(sorted_BV, axis=-1)
     mass_before_BV = jnp.cumsum(probs_BV, axis=-1) - probs_BV
-    keep_BV = (mass_before_BV < top_p) & (rank_V < top_k)
+    keep_BV = (mass_before_BV < top_p) & (rank_BV < top_k)
     threshold_B1 = jnp.min(jnp.where(keep_BV, sorted_BV, jnp.inf), axis=-1, keepdims=True)
     return jnp.where(logits_BV >= threshold_B1, logits_BV, -jnp.inf)
 
@@ -172,6 +172,9 @@ def generate(params: Params, config: ModelConfig, prompts, key: jax.Array, *,
         else:
             prompts, prompt_mask = pad_prompts(prompts, pad_id)
     prompts = jnp.asarray(prompts, jnp.int32)
+    if prompts.ndim != 2 or 0 in prompts.shape:
+        raise ValueError(f"prompts must be a [B, P] array with B, P >= 1; got shape "
+                         f"{prompts.shape} (an empty batch or an empty prompt).")
     if prompts.shape[1] + max_new_tokens > config.max_position_embeddings:
         raise ValueError(
             f"Prompt length {prompts.shape[1]} + max_new_tokens {max_new_tokens} exceeds the "
@@ -185,11 +188,13 @@ def generate(params: Params, config: ModelConfig, prompts, key: jax.Array, *,
 
 
 def _check_sampling(temperature, top_k, top_p, vocab_size):
-    if isinstance(temperature, int | float) and not temperature > 0:
+    # numbers.Real / Integral also cover NumPy scalars (np.float32, np.int64); traced values
+    # (jax.Array) are not checked.
+    if isinstance(temperature, numbers.Real) and not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature!r}.")
-    if top_k is not None and isinstance(top_k, int) and not 1 <= top_k <= vocab_size:
+    if top_k is not None and isinstance(top_k, numbers.Integral) and not 1 <= top_k <= vocab_size:
         raise ValueError(f"top_k must be in [1, vocab_size={vocab_size}] or None, got {top_k!r}.")
-    if top_p is not None and isinstance(top_p, int | float) and not 0 < top_p <= 1:
+    if top_p is not None and isinstance(top_p, numbers.Real) and not 0 < top_p <= 1:
         raise ValueError(f"top_p must be in (0, 1] or None, got {top_p!r}.")
 
 
