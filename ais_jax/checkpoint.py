@@ -40,6 +40,9 @@ class Checkpointer:
         return steps[-1] if steps else None
 
     def save(self, step: int, state: Any, record: dict[str, Any]) -> None:
+        if step in self.steps():  # a step re-run after `fallback` passed over its bad checkpoint
+            log.warning("Overwriting checkpoint %s.", self.directory / str(step))
+            self._manager.delete(step)
         self._manager.save(step, args=ocp.args.Composite(
             state=ocp.args.StandardSave(state), record=ocp.args.JsonSave(record)), force=True)
         self._manager.wait_until_finished()

@@ -17,7 +17,9 @@ that names the key, the value and what is allowed. Each section validates itself
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import math
 import types
 import typing
 from pathlib import Path
@@ -29,12 +31,14 @@ from ais_jax.quant import FORMATS
 
 ROLLOUT_FORMATS = ("bf16", *FORMATS)
 CORRECTIONS = ("none", "tis", "ais", "mis")
+LEVELS = ("token", "sequence", "geometric")
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 
 
 def _check(cond: bool, section: str, key: str, value: Any, allowed: str) -> None:
     if not cond:
-        raise ValueError(f"{section}.{key}={value!r} is invalid: {allowed}.")
+        name = f"{section}.{key}" if section else key
+        raise ValueError(f"{name}={value!r} is invalid: {allowed}.")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -112,12 +116,16 @@ class CorrectionConfig:
 
     def __post_init__(self):
         s = "correction"
-        _check(self.method in CORRECTIONS, s, "method", self.method, f"allowed: {list(CORRECTIONS)}")
-        for key in ("clip", "delta", "gamma", "eps"):
+        _check(self.method in CORRECTIONS, s, "method", self.method,
+               f"allowed: {list(CORRECTIONS)}")
+        _check(self.clip >= 1, s, "clip", self.clip,
+               "must be >= 1 (the IS weight is min(rho, clip))")
+        for key in ("delta", "gamma", "eps"):
             _check(getattr(self, key) > 0, s, key, getattr(self, key), "must be > 0")
         _check(self.beta_var >= 0, s, "beta_var", self.beta_var, "must be >= 0")
         _check(0 < self.low <= 1 <= self.high, s, "low/high", (self.low, self.high),
                "need 0 < low <= 1 <= high")
+        _check(self.level in LEVELS, s, "level", self.level, f"allowed: {list(LEVELS)}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -128,8 +136,8 @@ class LossConfig:
     aggregation: str = "seq_mean_token_mean"
 
     def __post_init__(self):
-        _check(self.clip_low > 0 and self.clip_high > 0, "loss", "clip_low/clip_high",
-               (self.clip_low, self.clip_high), "must be > 0")
+        _check(0 < self.clip_low < 1 and self.clip_high > 0, "loss", "clip_low/clip_high",
+               (self.clip_low, self.clip_high), "need 0 < clip_low < 1 and clip_high > 0")
         _check(self.kl_coef >= 0, "loss", "kl_coef", self.kl_coef, "must be >= 0")
         _check(self.aggregation in AGGREGATIONS, "loss", "aggregation", self.aggregation,
                f"allowed: {list(AGGREGATIONS)}")
@@ -188,10 +196,10 @@ class TrainConfig:
     sft: SFTConfig = dataclasses.field(default_factory=SFTConfig)
 
     def __post_init__(self):
-        _check(self.steps >= 0, "train", "steps", self.steps, "must be >= 0")
-        _check(self.checkpoint_every >= 1, "train", "checkpoint_every", self.checkpoint_every,
+        _check(self.steps >= 0, "", "steps", self.steps, "must be >= 0")
+        _check(self.checkpoint_every >= 1, "", "checkpoint_every", self.checkpoint_every,
                "must be >= 1")
-        _check(self.eval_every >= 0, "train", "eval_every", self.eval_every, "must be >= 0")
+        _check(self.eval_every >= 0, "", "eval_every", self.eval_every, "must be >= 0")
         batch = self.rollout.prompts_per_step * self.rollout.group_size
         _check(batch % self.optim.minibatches == 0, "optim", "minibatches",
                self.optim.minibatches,
@@ -240,13 +248,15 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
         if not isinstance(value, dict):
             raise ValueError(f"{path} must be a mapping, got {value!r}.")
         return dict(value)
-    if tp is float and isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
     if tp is float and isinstance(value, str):  # YAML 1.1 reads "1e-4" as a string
         try:
-            return float(value)
+            value = float(value)
         except ValueError:
             pass
+    if tp is float and isinstance(value, int | float) and not isinstance(value, bool):
+        if not math.isfinite(value):
+            raise ValueError(f"{path}={value!r} is invalid: must be a finite number.")
+        return float(value)
     if tp in (int, str, bool) and not (isinstance(value, tp) and
                                       (tp is bool or not isinstance(value, bool))):
         raise ValueError(f"{path}={value!r} has the wrong type: expected {tp.__name__}.")
@@ -257,7 +267,7 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply ``a.b=value`` strings (values parsed as YAML) to a nested dict."""
-    data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
+    data = copy.deepcopy(data)
     for item in overrides:
         if "=" not in item:
             raise ValueError(f"--set {item!r} must look like section.key=value.")

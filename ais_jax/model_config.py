@@ -113,7 +113,8 @@ class ModelConfig:
         """Build a preset by name (``"qwen3-8b"``, ``"tiny"``, ...) with field overrides."""
         key = name.lower().replace("-", "_").replace(".", "p")
         if key not in PRESETS:
-            valid = [k.replace("_", "-").replace("0p6", "0.6").replace("1p7", "1.7") for k in PRESETS]
+            valid = [k.replace("_", "-").replace("0p6", "0.6").replace("1p7", "1.7")
+                     for k in PRESETS]
             raise ValueError(f"Unknown model preset {name!r}; valid presets: {valid}.")
         return dataclasses.replace(getattr(cls, PRESETS[key])(), **overrides)
 

@@ -1,6 +1,7 @@
 """PNG plots of a run's metrics.jsonl: reward, the AIS coefficients, ESS and mismatch.
 
-Matplotlib with the non-interactive Agg backend, so it works on a headless machine.
+Figures are drawn on `matplotlib.figure.Figure` objects and saved directly, without pyplot,
+so this works on a headless machine and never switches the backend of a notebook's kernel.
 """
 
 from __future__ import annotations
@@ -24,10 +25,7 @@ def read_metrics(path: str | Path) -> list[dict]:
 
 def plot_run(metrics_file: str | Path, out_dir: str | Path) -> list[Path]:
     """Write one PNG per panel of `PANELS` (skipping metrics the run did not log)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     rows = read_metrics(metrics_file)
     out_dir = Path(out_dir)
@@ -37,7 +35,8 @@ def plot_run(metrics_file: str | Path, out_dir: str | Path) -> list[Path]:
         keys = [k for k in keys if rows and k in rows[0]]
         if not keys:
             continue
-        fig, ax = plt.subplots(figsize=(6, 3.5), dpi=110)
+        fig = Figure(figsize=(6, 3.5), dpi=110)
+        ax = fig.subplots()
         steps = [r["step"] for r in rows]
         for k in keys:
             ax.plot(steps, [r[k] for r in rows], label=k, lw=1.5)
@@ -47,20 +46,17 @@ def plot_run(metrics_file: str | Path, out_dir: str | Path) -> list[Path]:
         ax.legend(fontsize=8)
         fig.tight_layout()
         fig.savefig(out_dir / fname)
-        plt.close(fig)
         written.append(out_dir / fname)
     return written
 
 
 def plot_arms(runs: dict[str, list[list[dict]]], keys: list[str], out_file: str | Path) -> Path:
     """One panel per metric key, one line per arm (mean over seeds, band = min..max)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
+    from matplotlib.figure import Figure
 
-    fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 3.5), dpi=110, squeeze=False)
+    fig = Figure(figsize=(5 * len(keys), 3.5), dpi=110)
+    axes = fig.subplots(1, len(keys), squeeze=False)
     for ax, key in zip(axes[0], keys, strict=True):
         for arm, seeds in runs.items():
             n = min(len(rows) for rows in seeds)
@@ -76,5 +72,4 @@ def plot_arms(runs: dict[str, list[list[dict]]], keys: list[str], out_file: str 
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out_file)
-    plt.close(fig)
     return Path(out_file)

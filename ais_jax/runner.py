@@ -18,6 +18,7 @@ every random key is derived from (seed, step) and the data iterator state is che
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -36,8 +37,17 @@ from ais_jax.model import init_params
 from ais_jax.model_config import ModelConfig
 from ais_jax.sampler import Rollout, generate
 from ais_jax.tasks import CharTokenizer, FiniteTask, make_task
-from ais_jax.train import (Batch, TrainState, init_state, make_correction, make_optimizer,
-                           score, sft_step, sync_rollout_params, update)
+from ais_jax.train import (
+    Batch,
+    TrainState,
+    init_state,
+    make_correction,
+    make_optimizer,
+    score,
+    sft_step,
+    sync_rollout_params,
+    update,
+)
 
 log = logging.getLogger(__name__)
 EVAL_BATCH = 64
@@ -110,8 +120,8 @@ class Run:
         self.out = Path(out)
         self.task = make_task(cfg.task.name, **cfg.task.options)
         self.model_config, params = self._model()
-        self.optimizer = make_optimizer(cfg.optim, cfg.steps)
-        self.correction = make_correction(cfg.correction)
+        self.optimizer = _optimizer(cfg.optim, cfg.steps)
+        self.correction = _correction(cfg.correction)
         self.state: TrainState = init_state(params, self.optimizer)
         self.ref_params = None
         self.key = jax.random.key(cfg.seed)
@@ -122,8 +132,9 @@ class Run:
     def _model(self) -> tuple[ModelConfig, Any]:
         spec = self.cfg.model
         if spec.checkpoint is not None:
-            self.tokenizer = HFTokenizer(spec.checkpoint)
+            # weights first: a missing directory is reported as such, not as a missing tokenizer
             config, params = load_hf(spec.checkpoint, dtype=jnp.float32)
+            self.tokenizer = HFTokenizer(spec.checkpoint)
             check_vocab(self.tokenizer, config)
             return config, params
         self.tokenizer = CharTokenizer()
@@ -134,12 +145,10 @@ class Run:
     # -- phases ----------------------------------------------------------------------------------
     def sft(self, progress=None) -> list[float]:
         """Supervised warm start on task demonstrations (its own AdamW, discarded after)."""
-        import optax
-
         c = self.cfg
         if c.sft.steps == 0:
             return []
-        opt = optax.adam(c.sft.learning_rate)
+        opt = _sft_optimizer(c.sft)
         params, opt_state = self.state.params, opt.init(self.state.params)
         batches = data.demonstration_batches(self.task, seed=c.seed, num_examples=_pool(self.task),
                                              batch_size=c.sft.batch_size)
@@ -228,23 +237,27 @@ class Run:
         return out
 
     def evaluate(self, num_examples: int | None = None) -> dict[str, float]:
-        """Greedy accuracy of the BF16 trainer policy on the held-out split."""
+        """Accuracy of the BF16 trainer policy on the held-out split: greedy (``eval/accuracy``)
+        and one sample per prompt at the rollout temperature (``eval/sampled_accuracy``, what
+        the RL objective optimises; fixed key, so it is comparable across checkpoints)."""
         c = self.cfg
         examples = data.eval_examples(self.task, seed=c.seed,
                                       num_examples=num_examples or c.task.eval_examples)
         params = sync_rollout_params(self.state.params, _bf16_rollout(c.rollout))
-        rewards = []
+        greedy, sampled = [], []
         for start in range(0, len(examples), EVAL_BATCH):
             chunk = list(examples[start:start + EVAL_BATCH])
             padded = chunk + [chunk[-1]] * (EVAL_BATCH - len(chunk))  # fixed shapes, no recompile
             prompts, mask = encode_prompts(self.tokenizer, [e.prompt for e in padded],
                                            c.rollout.max_prompt_len)
-            ro = self.rollout(params, prompts, mask, jax.random.key(0), greedy=True)
-            lengths = np.asarray(ro.lengths) - np.asarray(ro.finished)
-            texts = decode_responses(self.tokenizer, np.asarray(ro.tokens), lengths)
-            rewards.append(score_responses(self.task, chunk, texts[:len(chunk)]))
-        r = np.concatenate(rewards)
+            for out, is_greedy in ((greedy, True), (sampled, False)):
+                ro = self.rollout(params, prompts, mask, jax.random.key(start), greedy=is_greedy)
+                lengths = np.asarray(ro.lengths) - np.asarray(ro.finished)
+                texts = decode_responses(self.tokenizer, np.asarray(ro.tokens), lengths)
+                out.append(score_responses(self.task, chunk, texts[:len(chunk)]))
+        r, rs = np.concatenate(greedy), np.concatenate(sampled)
         return {"eval/accuracy": float((r >= 1.0).mean()), "eval/reward": float(r.mean()),
+                "eval/sampled_accuracy": float((rs >= 1.0).mean()),
                 "eval/examples": float(len(r))}
 
     # -- checkpoints -----------------------------------------------------------------------------
@@ -254,11 +267,37 @@ class Run:
         self.checkpointer.save(step, {"train": self.state, "ref": self.ref_params}, record)
 
     def restore(self, *, fallback: bool = False) -> int:
-        template = {"train": self.state, "ref": self.ref_params}
+        # the reference policy (kl_coef > 0) has the params' structure; it is None until set
+        ref = self.state.params if self.cfg.loss.kl_coef > 0 else self.ref_params
+        template = {"train": self.state, "ref": ref}
         step, restored, record = self.checkpointer.restore(template, fallback=fallback)
         self.state, self.ref_params = restored["train"], restored["ref"]
         self.prompts.set_state(_from_jsonable(record["data"]))
         return step
+
+
+# `update` takes the optimizer and the correction as static arguments: one object per setting
+# lets every run of a process with the same settings reuse the compiled update.
+@functools.lru_cache(maxsize=64)
+def _optimizer(optim, steps: int):
+    return make_optimizer(optim, steps)
+
+
+@functools.lru_cache(maxsize=64)
+def _correction(correction):
+    return make_correction(correction)
+
+
+@functools.lru_cache(maxsize=64)
+def _sft_optimizer(sft):
+    """Adam with a warmup + cosine schedule for the SFT warm start (cached like `_optimizer`,
+    for `sft_step`)."""
+    import optax
+
+    warmup = max(1, min(50, sft.steps // 10))
+    return optax.adam(optax.warmup_cosine_decay_schedule(
+        0.0, sft.learning_rate, warmup, max(sft.steps, warmup + 1),
+        end_value=0.05 * sft.learning_rate))
 
 
 def _pool(task) -> int | None:
@@ -306,11 +345,15 @@ def append_jsonl(path: Path, row: dict[str, Any]) -> None:
 
 
 def run_training(cfg: TrainConfig, out: str | Path, *, resume: bool = False,
-                 fallback: bool = False, show_progress: bool = True) -> dict[str, Any]:
+                 fallback: bool = False, show_progress: bool = True,
+                 initial_params: Any = None) -> dict[str, Any]:
     """SFT warm start (fresh runs), then ``cfg.steps`` RL steps with checkpoints, metrics,
-    TensorBoard, a progress bar, plots and a held-out evaluation. Returns the summary."""
+    TensorBoard, a progress bar, plots and a held-out evaluation. Returns the summary.
+
+    ``initial_params`` (float32 trainer params) replaces the SFT warm start of a fresh run.
+    """
     from tensorboardX import SummaryWriter
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     from ais_jax.plots import plot_run
 
@@ -318,6 +361,9 @@ def run_training(cfg: TrainConfig, out: str | Path, *, resume: bool = False,
     run = Run(cfg, out)
     metrics_file = out / "metrics.jsonl"
     summary: dict[str, Any] = {}
+    if not resume and run.checkpointer.steps():
+        raise ValueError(f"{out} already holds checkpoints (steps {run.checkpointer.steps()}); "
+                         "pass --resume to continue that run, or choose another --out.")
     if resume and run.checkpointer.latest_step() is not None:
         start = run.restore(fallback=fallback)
         _truncate_metrics(metrics_file, start)
@@ -329,12 +375,17 @@ def run_training(cfg: TrainConfig, out: str | Path, *, resume: bool = False,
         metrics_file.unlink(missing_ok=True)
         bar = tqdm(total=cfg.sft.steps, desc="SFT", disable=not show_progress, leave=False)
         t0 = time.perf_counter()
-        losses = run.sft(lambda i, n, loss: (bar.update(i - bar.n), bar.set_postfix(loss=loss)))
+        if initial_params is None:
+            losses = run.sft(lambda i, n, loss: (bar.update(i - bar.n),
+                                                 bar.set_postfix(loss=loss)))
+        else:
+            losses, run.state = [], init_state(initial_params, run.optimizer)
         bar.close()
         summary["sft/final_loss"] = losses[-1] if losses else None
         summary["time/sft_s"] = time.perf_counter() - t0
         if cfg.loss.kl_coef > 0:
-            run.ref_params = run.state.params
+            # a copy: `update` donates run.state, which would delete an aliased reference
+            run.ref_params = jax.tree_util.tree_map(jnp.copy, run.state.params)
         summary.update({f"initial/{k}": v for k, v in run.evaluate().items()})
         run.save()
     writer = SummaryWriter(str(out / "tb"))
@@ -357,10 +408,12 @@ def run_training(cfg: TrainConfig, out: str | Path, *, resume: bool = False,
     bar.close()
     writer.close()
     summary.update(run.evaluate())
-    if metrics_file.exists():
-        rows = [json.loads(line) for line in metrics_file.read_text().splitlines() if line]
-        summary["reward/first"] = rows[0]["reward/mean"] if rows else None
-        summary["reward/last"] = rows[-1]["reward/mean"] if rows else None
+    rows = [json.loads(line) for line in metrics_file.read_text().splitlines()
+            if line] if metrics_file.exists() else []
+    if rows:
+        window = max(1, min(10, len(rows) // 2))  # single steps are noisy: mean of a window
+        summary["reward/first"] = float(np.mean([r["reward/mean"] for r in rows[:window]]))
+        summary["reward/last"] = float(np.mean([r["reward/mean"] for r in rows[-window:]]))
         for phase in ("rollout", "score", "update", "reward", "sync"):
             summary[f"time/{phase}_s_total"] = sum(r[f"time/{phase}_s"] for r in rows)
         plot_run(metrics_file, out / "plots")

@@ -90,7 +90,8 @@ def make_correction(cfg: CorrectionConfig) -> Callable:
 
 
 def init_state(params: Params, optimizer: optax.GradientTransformation) -> TrainState:
-    params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), params)
+    # a copy: `update` donates the state, which must never delete the caller's arrays
+    params = jax.tree_util.tree_map(lambda x: jnp.array(x, jnp.float32, copy=True), params)
     return TrainState(step=jnp.zeros((), jnp.int32), params=params,
                       opt_state=optimizer.init(params), skipped=jnp.zeros((), jnp.int32))
 
