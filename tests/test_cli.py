@@ -1,0 +1,271 @@
+"""Specifications of the `ais-jax` command line (cli.py), run in-process through `main(argv)`.
+
+One tiny run is trained once (into an empty directory with `--resume`, which must start it
+fresh) and then evaluated, sampled and exported. A user's mistake ends with exit status 2 and
+a one-line error naming what is wrong, never a traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ais_jax.cli import main
+from ais_jax.config import TrainConfig, dump_config, from_dict, load_config
+from ais_jax.hf import load_hf
+from ais_jax.runner import Run
+
+jax.config.update("jax_numpy_rank_promotion", "raise")
+
+# The same one-layer run as tests/test_train.py's default arm, so one process compiles it once.
+TINY = {
+    "steps": 4,
+    "model": {
+        "num_layers": 1,
+        "hidden_size": 64,
+        "num_heads": 2,
+        "num_kv_heads": 1,
+        "head_dim": 32,
+        "intermediate_size": 128,
+    },
+    "task": {"options": {"ops": ["+", "-"], "min_digits": 1, "max_digits": 1}, "eval_examples": 8},
+    "rollout": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 6, "max_prompt_len": 8},
+    "optim": {"learning_rate": 1e-3},
+    "sft": {"steps": 40, "batch_size": 16, "learning_rate": 1e-2},
+}
+
+
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+
+@pytest.fixture(scope="module")
+def config_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("config") / "tiny.yaml"
+    path.write_text(dump_config(from_dict(TrainConfig, TINY)))
+    return path
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, config_file):
+    """``ais-jax train --resume`` into a directory that does not exist yet."""
+    out = tmp_path_factory.mktemp("runs") / "tiny"
+    records, stdout = _Records(), io.StringIO()
+    logger = logging.getLogger("ais_jax")
+    logger.addHandler(records)
+    try:
+        with contextlib.redirect_stdout(stdout):
+            code = main(
+                [
+                    "train",
+                    "--config",
+                    str(config_file),
+                    "--out",
+                    str(out),
+                    "--resume",
+                    "--no-progress",
+                ]
+            )
+    finally:
+        logger.removeHandler(records)
+    return dict(out=out, code=code, stdout=stdout.getvalue(), records=records.records)
+
+
+def error_line(capsys) -> str:
+    """The one error line of a failed command (and no traceback)."""
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    lines = [ln for ln in err.splitlines() if " error: " in ln]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+# ---- train --------------------------------------------------------------------------------------
+
+
+def test_train_writes_the_outputs(trained, config_file):
+    out = trained["out"]
+    assert trained["code"] == 0
+    assert load_config(out / "config.yaml") == load_config(config_file)
+    rows = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert all(math.isfinite(v) for r in rows for v in r.values())
+    assert list((out / "tb").glob("events.out.tfevents.*"))
+    assert {p.name for p in (out / "plots").glob("*.png")} >= {"reward.png", "ais.png"}
+    summary = json.loads((out / "summary.json").read_text())
+    assert json.loads(trained["stdout"]) == summary
+    assert summary["steps"] == 4 and math.isfinite(summary["eval/accuracy"])
+    assert sorted(int(p.name) for p in (out / "checkpoints").iterdir()) == [0, 4]
+
+
+def test_resume_of_an_empty_directory_starts_fresh_with_a_warning(trained):
+    warnings = [r.getMessage() for r in trained["records"] if r.levelno == logging.WARNING]
+    assert any("no checkpoint" in w and str(trained["out"]) in w for w in warnings), warnings
+    summary = json.loads((trained["out"] / "summary.json").read_text())
+    assert "initial/eval/accuracy" in summary and "sft/final_loss" in summary  # SFT ran
+
+
+def test_train_into_a_finished_run_without_resume_is_refused(trained, config_file, capsys):
+    before = (trained["out"] / "metrics.jsonl").read_text()
+    code = main(
+        ["train", "--config", str(config_file), "--out", str(trained["out"]), "--no-progress"]
+    )
+    assert code == 2
+    line = error_line(capsys)
+    assert "already holds checkpoints" in line and "--resume" in line
+    assert (trained["out"] / "metrics.jsonl").read_text() == before
+
+
+# ---- eval, sample, export-hf --------------------------------------------------------------------
+
+
+def test_eval_of_a_finished_run_matches_its_summary(trained, capsys):
+    capsys.readouterr()
+    assert main(["eval", "--run", str(trained["out"])]) == 0
+    result = json.loads(capsys.readouterr().out)
+    summary = json.loads((trained["out"] / "summary.json").read_text())
+    assert {"eval/accuracy", "eval/reward", "eval/examples"} <= set(result)
+    for key, value in result.items():  # the same final weights, decoded with fixed keys
+        assert value == summary[key], key
+    assert main(["eval", "--run", str(trained["out"]), "--examples", "3"]) == 0
+    assert json.loads(capsys.readouterr().out)["eval/examples"] == 3
+
+
+def test_sample_from_a_finished_run(trained, capsys):
+    argv = [
+        "sample",
+        "--run",
+        str(trained["out"]),
+        "--prompt",
+        "12+3=",
+        "--n",
+        "3",
+        "--max-new-tokens",
+        "5",
+        "--seed",
+        "1",
+    ]
+    capsys.readouterr()
+    assert main(argv) == 0
+    first = capsys.readouterr().out
+    lines = [json.loads(ln) for ln in first.splitlines()]
+    assert len(lines) == 3
+    for line in lines:
+        assert line["prompt"] == "12+3=" and isinstance(line["response"], str)
+        assert len(line["response"]) <= 5
+        assert math.isfinite(line["logp"]) and line["logp"] <= 0
+    assert main(argv) == 0
+    assert capsys.readouterr().out == first  # the seed fixes the samples
+
+
+def test_sample_with_a_character_outside_the_vocabulary(trained, capsys):
+    code = main(["sample", "--run", str(trained["out"]), "--prompt", "12+3=?"])
+    assert code == 2
+    assert "'?'" in error_line(capsys)
+
+
+def test_export_hf_round_trips_the_params(trained, tmp_path, capsys):
+    hf_dir = tmp_path / "hf"
+    assert main(["export-hf", "--run", str(trained["out"]), "--to", str(hf_dir)]) == 0
+    assert str(hf_dir) in capsys.readouterr().out
+    assert (hf_dir / "config.json").is_file() and (hf_dir / "model.safetensors").is_file()
+
+    run = Run(load_config(trained["out"] / "config.yaml"), trained["out"])
+    assert run.restore() == 4
+    saved = jax.device_get(run.state.params)  # float32 master weights, saved as float32
+    config, params = load_hf(hf_dir, dtype=jnp.float32)
+    assert config == run.model_config
+    flat, tree = jax.tree_util.tree_flatten(params)
+    flat_saved, tree_saved = jax.tree_util.tree_flatten(saved)
+    assert tree == tree_saved
+    for got, want in zip(flat, flat_saved, strict=True):
+        assert want.dtype == np.float32 and np.abs(want).max() > 0
+        np.testing.assert_array_equal(np.asarray(got), want, strict=True)
+    _, params_bf16 = load_hf(hf_dir)  # the default dtype: bfloat16
+    for got, want in zip(jax.tree_util.tree_leaves(params_bf16), flat_saved, strict=True):
+        np.testing.assert_array_equal(np.asarray(got), want.astype(jnp.bfloat16), strict=True)
+
+
+# ---- user errors: exit status 2, one line -------------------------------------------------------
+
+
+def test_missing_model_checkpoint_directory(config_file, tmp_path, capsys):
+    out = tmp_path / "run"
+    code = main(
+        [
+            "train",
+            "--config",
+            str(config_file),
+            "--set",
+            "model.checkpoint=/nonexistent",
+            "--out",
+            str(out),
+            "--no-progress",
+        ]
+    )
+    assert code == 2
+    line = error_line(capsys)
+    assert "'/nonexistent'" in line and "does not exist" in line
+    assert not (out / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize(
+    "argv, fragments",
+    [
+        (["--set", "rollout.group_size=1"], ["rollout.group_size=1", ">= 2"]),
+        (["--set", "rollout.fromat=bf16"], ["'rollout.fromat'", "valid keys in rollout"]),
+        (["--set", "rollout.top_p"], ["--set 'rollout.top_p'", "section.key=value"]),
+        (["--set", "rollout.format=fp8"], ["rollout.format='fp8'", "'float8_e4m3fn'"]),
+        (["--set", "correction.method=is"], ["correction.method='is'", "'ais'"]),
+        (
+            ["--config", "/nonexistent/config.yaml"],
+            ["'/nonexistent/config.yaml'", "does not exist"],
+        ),
+    ],
+)
+def test_bad_config_is_one_line_and_exit_status_2(tmp_path, capsys, argv, fragments):
+    assert main(["train", *argv, "--out", str(tmp_path / "run"), "--no-progress"]) == 2
+    line = error_line(capsys)
+    assert line.startswith("ais-jax train: error: ")
+    for fragment in fragments:
+        assert fragment in line, line
+
+
+def test_eval_of_a_directory_that_is_not_a_run(tmp_path, capsys):
+    assert main(["eval", "--run", str(tmp_path)]) == 2
+    line = error_line(capsys)
+    assert str(tmp_path) in line and "not a training run directory" in line
+
+
+def test_console_script_reports_errors_without_a_traceback(tmp_path):
+    """The installed `ais-jax` entry point, as a user runs it."""
+    script = Path(sys.executable).parent / "ais-jax"
+    assert script.is_file(), script
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    proc = subprocess.run(
+        [str(script), "train", "--set", "rollout.group_size=1", "--out", str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("ais-jax train: error: rollout.")
