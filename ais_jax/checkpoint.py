@@ -5,7 +5,9 @@ disk, so a run killed in the middle of a save leaves a `*.orbax-checkpoint-tmp-*
 is never listed as a step: a half-written checkpoint is never picked up. A checkpoint that is
 listed but cannot be read (files deleted or truncated afterwards) raises `CheckpointError`
 naming its path; ``fallback=True`` restores the newest readable one instead and says which
-steps it passed over.
+steps it passed over. A checkpoint whose arrays have other names or shapes than the state to
+restore (a different model or training setup) is a `CheckpointError` listing the differences,
+found from the checkpoint's metadata before any array is read.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import jax
 import orbax.checkpoint as ocp
 
 from ais_jax.hf import CheckpointError
@@ -28,6 +31,8 @@ class Checkpointer:
         self.directory = Path(directory).absolute()
         self._manager = ocp.CheckpointManager(
             self.directory,
+            item_handlers={"state": ocp.StandardCheckpointHandler(),  # for item_metadata
+                           "record": ocp.JsonCheckpointHandler()},
             options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
                                                  enable_async_checkpointing=False))
 
@@ -66,6 +71,7 @@ class Checkpointer:
             candidates = steps[-1:]
         failures = []
         for s in candidates:
+            self._check_shapes(s, template)
             try:
                 out = self._manager.restore(s, args=ocp.args.Composite(
                     state=ocp.args.StandardRestore(template), record=ocp.args.JsonRestore()))
@@ -79,3 +85,30 @@ class Checkpointer:
         hint = "" if fallback else " Pass fallback=True (--resume-fallback) to use an older one."
         raise CheckpointError("Checkpoint could not be read (corrupt or truncated): "
                               + "; ".join(failures) + "." + hint)
+
+    def _check_shapes(self, step: int, template: Any) -> None:
+        """A `CheckpointError` if the arrays stored for ``step`` are not those of ``template``
+        (names and shapes); silent when the metadata itself is unreadable (restore reports it)."""
+        try:
+            stored = _shapes(self._manager.item_metadata(step)["state"])
+        except Exception:  # a damaged checkpoint: the restore that follows names the problem
+            return
+        wanted = _shapes(template)
+        diffs = [f"{k}: stored {stored[k]}, expected {v}" if k in stored else
+                 f"{k}: not in the checkpoint" for k, v in wanted.items() if stored.get(k) != v]
+        diffs += [f"{k}: not expected" for k in stored if k not in wanted]
+        if diffs:
+            more = f" ... ({len(diffs)} differences)" if len(diffs) > 4 else ""
+            raise CheckpointError(
+                f"Checkpoint {self.directory / str(step)} does not match the model and training "
+                f"setup of this config: {'; '.join(diffs[:4])}{more}. Resume with the config the "
+                "run was trained with (config.yaml in the run directory).")
+
+
+def _shapes(tree: Any) -> dict[str, tuple[int, ...]]:
+    """``{"train/params/embed": (V, D), ...}`` for a state pytree or orbax's metadata tree."""
+    def name(k):
+        return str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))))
+
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return {"/".join(name(k) for k in path): tuple(leaf.shape) for path, leaf in leaves}

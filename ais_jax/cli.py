@@ -24,6 +24,7 @@ from importlib import resources
 from pathlib import Path
 
 from ais_jax.hf import CheckpointError
+from ais_jax.tasks import RewardError
 
 
 def default_config_path() -> Path:
@@ -44,8 +45,14 @@ def _load(args):
 def _cmd_train(args) -> int:
     from ais_jax.runner import run_training
 
-    cfg = _load(args)
     out = Path(args.out) if args.out else _new_run_dir("train")
+    if args.resume and not args.config and (out / "config.yaml").is_file():
+        from ais_jax.config import load_config
+
+        # resuming continues the run's own configuration (plus any --set overrides)
+        cfg = load_config(out / "config.yaml", args.set or [])
+    else:
+        cfg = _load(args)
     print(f"ais-jax train: writing to {out}", file=sys.stderr)
     summary = run_training(cfg, out, resume=args.resume, fallback=args.resume_fallback,
                            show_progress=not args.no_progress)
@@ -199,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(["train", *argv])
     try:
         return args.fn(args)
-    except (ValueError, CheckpointError, FileNotFoundError) as e:
+    except (ValueError, CheckpointError, FileNotFoundError, RewardError) as e:
         print(f"ais-jax {args.command}: error: {e}", file=sys.stderr)
         return 2
 

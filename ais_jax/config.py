@@ -28,6 +28,7 @@ from typing import Any, Literal
 import yaml
 
 from ais_jax.quant import FORMATS
+from ais_jax.sharding import DistributedConfig, MeshConfig
 
 ROLLOUT_FORMATS = ("bf16", *FORMATS)
 CORRECTIONS = ("none", "tis", "ais", "mis")
@@ -65,6 +66,8 @@ class TaskConfig:
     name: str = "arithmetic"
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
     eval_examples: int = 200
+    # file tasks (gsm8k, math): the held-out file; generated tasks use a disjoint seed stream
+    eval_path: str | None = None
 
     def __post_init__(self):
         _check(self.eval_examples >= 1, "task", "eval_examples", self.eval_examples, "must be >= 1")
@@ -194,6 +197,8 @@ class TrainConfig:
     loss: LossConfig = dataclasses.field(default_factory=LossConfig)
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     sft: SFTConfig = dataclasses.field(default_factory=SFTConfig)
+    mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
+    distributed: DistributedConfig = dataclasses.field(default_factory=DistributedConfig)
 
     def __post_init__(self):
         _check(self.steps >= 0, "", "steps", self.steps, "must be >= 0")
@@ -278,7 +283,11 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             node = node.setdefault(k, {})
             if not isinstance(node, dict):
                 raise ValueError(f"--set {item!r}: {k!r} is not a section.")
-        node[keys[-1]] = yaml.safe_load(raw)
+        try:
+            node[keys[-1]] = yaml.safe_load(raw)
+        except yaml.YAMLError as e:
+            raise ValueError(f"--set {item!r}: the value is not valid YAML: "
+                             f"{_yaml_error(e)}.") from None
     return data
 
 
@@ -292,8 +301,15 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Tr
         try:
             data = yaml.safe_load(p.read_text()) or {}
         except yaml.YAMLError as e:
-            raise ValueError(f"Config file {p} is not valid YAML: {e}") from None
+            raise ValueError(f"Config file {p} is not valid YAML: {_yaml_error(e)}.") from None
     return from_dict(TrainConfig, apply_overrides(data, list(overrides)))
+
+
+def _yaml_error(e: yaml.YAMLError) -> str:
+    """One line: what the parser expected, and where (its own message spans several lines)."""
+    mark = getattr(e, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return (getattr(e, "problem", None) or " ".join(str(e).split())) + where
 
 
 def dump_config(config: TrainConfig) -> str:

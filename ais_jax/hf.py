@@ -229,6 +229,11 @@ class HFTokenizer:
         self.eos_ids = tuple(_special_ids(folder, "eos_token_id")) or tuple(
             i for t in ("<|im_end|>", "<|endoftext|>", "</s>")
             if (i := self._tok.token_to_id(t)) is not None)[:1]
+        if not self.eos_ids:  # generation could never stop, and demonstrations need one
+            raise CheckpointError(
+                f"{file}: no end-of-sequence token: set eos_token_id in generation_config.json "
+                "or config.json beside it, or give the tokenizer <|im_end|>, <|endoftext|> or "
+                "</s>.")
         pad = _special_ids(folder, "pad_token_id")
         self.eos_id = self.eos_ids[0] if self.eos_ids else None
         self.pad_id = pad[0] if pad else (self.eos_id if self.eos_id is not None else 0)
@@ -260,4 +265,9 @@ def check_vocab(tokenizer: Any, config: ModelConfig) -> None:
         raise CheckpointError(
             f"Tokenizer vocabulary ({tokenizer.vocab_size} ids) is larger than the model's "
             f"vocab_size ({config.vocab_size}); they do not belong together.")
+    special = {"eos_id": tokenizer.eos_id, "pad_id": tokenizer.pad_id}
+    outside = {k: v for k, v in special.items() if not 0 <= v < config.vocab_size}
+    if outside:
+        raise CheckpointError(f"Tokenizer special id(s) {outside} are outside the model's "
+                              f"vocabulary [0, {config.vocab_size}); they do not belong together.")
 

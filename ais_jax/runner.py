@@ -21,6 +21,8 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -30,24 +32,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from ais_jax import data, grpo
+from ais_jax import sharding as shd
 from ais_jax.checkpoint import Checkpointer
 from ais_jax.config import TrainConfig, dump_config
 from ais_jax.hf import HFTokenizer, check_vocab, load_hf
 from ais_jax.model import init_params
 from ais_jax.model_config import ModelConfig
-from ais_jax.sampler import Rollout, generate
-from ais_jax.tasks import CharTokenizer, FiniteTask, make_task
-from ais_jax.train import (
-    Batch,
-    TrainState,
-    init_state,
-    make_correction,
-    make_optimizer,
-    score,
-    sft_step,
-    sync_rollout_params,
-    update,
-)
+from ais_jax.paths import safe_path
+from ais_jax.sampler import Rollout
+from ais_jax.tasks import CharTokenizer, FiniteTask, RewardError, make_task
+from ais_jax.train import Batch, TrainState, make_correction, make_optimizer, sft_step
 
 log = logging.getLogger(__name__)
 EVAL_BATCH = 64
@@ -93,18 +87,18 @@ def decode_responses(tokenizer, tokens: np.ndarray, lengths: np.ndarray) -> list
 
 
 def score_responses(task, examples, responses: list[str]) -> np.ndarray:
-    """Rewards as float32; a reward function that raises or returns a non-finite value is an
-    error naming the task, the prompt and the response."""
+    """Rewards as float32; a reward function that raises or returns a non-finite value is a
+    `RewardError` naming the task, the prompt and the response."""
     rewards = np.empty(len(responses), np.float32)
     for i, (ex, text) in enumerate(zip(examples, responses, strict=True)):
         try:
             r = float(task.reward(ex, text))
         except Exception as e:
-            raise RuntimeError(f"Reward function of task {task.name!r} raised {e!r} on prompt "
-                               f"{ex.prompt!r}, response {text!r}.") from e
+            raise RewardError(f"Reward function of task {task.name!r} raised {e!r} on prompt "
+                              f"{ex.prompt!r}, response {text!r}.") from e
         if not np.isfinite(r):
-            raise RuntimeError(f"Reward function of task {task.name!r} returned {r} on prompt "
-                               f"{ex.prompt!r}, response {text!r}; rewards must be finite.")
+            raise RewardError(f"Reward function of task {task.name!r} returned {r} on prompt "
+                              f"{ex.prompt!r}, response {text!r}; rewards must be finite.")
         rewards[i] = r
     return rewards
 
@@ -122,12 +116,21 @@ class Run:
         self.model_config, params = self._model()
         self.optimizer = _optimizer(cfg.optim, cfg.steps)
         self.correction = _correction(cfg.correction)
-        self.state: TrainState = init_state(params, self.optimizer)
+        self.mesh = shd.make_mesh(cfg.mesh)
+        self.state: TrainState = shd.sharded_init(self.mesh, params, self.optimizer)
+        self._generators: dict[Any, Any] = {}  # one sharded generate per params structure
+        self._sync = shd.sharded_sync(self.mesh, self.state.params, cfg.rollout)
+        self._sync_bf16 = shd.sharded_sync(self.mesh, self.state.params, _bf16_rollout(cfg.rollout))
+        self._score = shd.sharded_score(self.mesh, self.state.params, self.model_config)
+        self._update = shd.sharded_update(
+            self.mesh, self.state, config=self.model_config, optimizer=self.optimizer,
+            optim=cfg.optim, loss_cfg=cfg.loss, correction=self.correction,
+            temperature=cfg.rollout.temperature)
         self.ref_params = None
         self.key = jax.random.key(cfg.seed)
         self.prompts = data.prompt_batches(self.task, seed=cfg.seed, num_examples=_pool(self.task),
                                            batch_size=cfg.rollout.prompts_per_step)
-        self.checkpointer = Checkpointer(self.out / "checkpoints")
+        self.checkpointer = Checkpointer(safe_path(self.out, "checkpoints"))
 
     def _model(self) -> tuple[ModelConfig, Any]:
         spec = self.cfg.model
@@ -164,16 +167,21 @@ class Run:
             if progress is not None and (i % 10 == 0 or i == c.sft.steps - 1):
                 losses.append(float(loss))
                 progress(i + 1, c.sft.steps, losses[-1])
-        self.state = init_state(params, self.optimizer)
+        self.state = shd.sharded_init(self.mesh, params, self.optimizer)
         return losses
 
     def rollout(self, params, prompts: np.ndarray, mask: np.ndarray, key, *,
                 greedy: bool = False) -> Rollout:
         r = self.cfg.rollout
-        return generate(params, self.model_config, prompts, key, prompt_mask=mask,
-                        max_new_tokens=r.max_new_tokens, temperature=r.temperature,
-                        top_k=1 if greedy else r.top_k, top_p=None if greedy else r.top_p,
-                        eos_ids=(self.tokenizer.eos_id,), pad_id=self.tokenizer.pad_id)
+        tree = jax.tree_util.tree_structure(params)
+        if tree not in self._generators:
+            self._generators[tree] = shd.sharded_generate(
+                self.mesh, params, self.model_config, max_new_tokens=r.max_new_tokens,
+                eos_ids=(self.tokenizer.eos_id,), pad_id=self.tokenizer.pad_id)
+        top_k = 1 if greedy else r.top_k or self.model_config.vocab_size
+        top_p = 1.0 if greedy or r.top_p is None else r.top_p
+        prompts, mask = shd.shard_batch((prompts, mask), self.mesh)
+        return self._generators[tree](params, prompts, mask, key, r.temperature, top_k, top_p)
 
     def step(self) -> dict[str, float]:
         """One RL step; returns its metrics (host floats)."""
@@ -184,9 +192,10 @@ class Run:
         times = {}
 
         t0 = time.perf_counter()
-        rollout_params = jax.block_until_ready(sync_rollout_params(self.state.params, c.rollout))
+        rollout_params = jax.block_until_ready(self._sync(self.state.params))
         times["time/sync_s"] = time.perf_counter() - t0
 
+        kill_point("rollout", step + 1)
         examples = [ex for ex in next(self.prompts) for _ in range(G)]
         prompts, prompt_mask = encode_prompts(self.tokenizer, [e.prompt for e in examples],
                                               c.rollout.max_prompt_len)
@@ -196,42 +205,40 @@ class Run:
         del rollout_params
 
         t0 = time.perf_counter()
-        tokens, lengths = np.asarray(ro.tokens), np.asarray(ro.lengths)
-        finished = np.asarray(ro.finished)
+        tokens, lengths, finished = shd.host_rows((ro.tokens, ro.lengths, ro.finished))
         responses = decode_responses(self.tokenizer, tokens, lengths - finished)
         rewards = score_responses(self.task, examples, responses)
         advantages = grpo.group_advantages(jnp.asarray(rewards), G)
+        advantages = shd.shard_batch(np.asarray(advantages), self.mesh)
         times["time/reward_s"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
         temperature = jnp.float32(c.rollout.temperature)
-        logp_old, entropy = score(self.state.params, self.model_config, ro.prompt_tokens,
-                                  ro.prompt_mask, ro.tokens, ro.mask, temperature)
+        logp_old, entropy = self._score(self.state.params, ro.prompt_tokens, ro.prompt_mask,
+                                        ro.tokens, ro.mask, temperature)
         logp_ref = None
         if c.loss.kl_coef > 0:
-            logp_ref, _ = score(self.ref_params, self.model_config, ro.prompt_tokens,
-                                ro.prompt_mask, ro.tokens, ro.mask, temperature)
+            logp_ref, _ = self._score(self.ref_params, ro.prompt_tokens, ro.prompt_mask,
+                                      ro.tokens, ro.mask, temperature)
         jax.block_until_ready(logp_old)
         times["time/score_s"] = time.perf_counter() - t0
 
         batch = Batch(prompt_tokens=ro.prompt_tokens, prompt_mask=ro.prompt_mask,
                       tokens=ro.tokens, mask=ro.mask, logp_rollout=ro.logp_plain,
                       logp_old=logp_old, advantages=advantages, logp_ref=logp_ref)
+        kill_point("update", step + 1)
         t0 = time.perf_counter()
-        self.state, metrics = update(self.state, batch, update_key, config=self.model_config,
-                                     optimizer=self.optimizer, optim=c.optim, loss_cfg=c.loss,
-                                     correction=self.correction,
-                                     temperature=c.rollout.temperature)
+        self.state, metrics = self._update(self.state, batch, update_key)
         metrics = jax.device_get(metrics)
         times["time/update_s"] = time.perf_counter() - t0
 
-        mask = np.asarray(ro.mask)
+        mask, entropy = shd.host_rows((ro.mask, entropy))
         out = {"step": step + 1,
                "reward/mean": float(rewards.mean()), "reward/std": float(rewards.std()),
                "reward/accuracy": float((rewards >= 1.0).mean()),
                "response/length_mean": float(lengths.mean()),
                "response/finished_frac": float(finished.mean()),
-               "policy/entropy": float(np.asarray(entropy)[mask].mean()) if mask.any() else 0.0}
+               "policy/entropy": float(entropy[mask].mean()) if mask.any() else 0.0}
         out.update({k: float(v) for k, v in metrics.items()})
         out.update(times)
         return out
@@ -241,9 +248,11 @@ class Run:
         and one sample per prompt at the rollout temperature (``eval/sampled_accuracy``, what
         the RL objective optimises; fixed key, so it is comparable across checkpoints)."""
         c = self.cfg
-        examples = data.eval_examples(self.task, seed=c.seed,
+        task = self.task if c.task.eval_path is None else make_task(
+            c.task.name, **{**c.task.options, "path": c.task.eval_path})
+        examples = data.eval_examples(task, seed=c.seed,
                                       num_examples=num_examples or c.task.eval_examples)
-        params = sync_rollout_params(self.state.params, _bf16_rollout(c.rollout))
+        params = self._sync_bf16(self.state.params)
         greedy, sampled = [], []
         for start in range(0, len(examples), EVAL_BATCH):
             chunk = list(examples[start:start + EVAL_BATCH])
@@ -252,9 +261,9 @@ class Run:
                                            c.rollout.max_prompt_len)
             for out, is_greedy in ((greedy, True), (sampled, False)):
                 ro = self.rollout(params, prompts, mask, jax.random.key(start), greedy=is_greedy)
-                lengths = np.asarray(ro.lengths) - np.asarray(ro.finished)
-                texts = decode_responses(self.tokenizer, np.asarray(ro.tokens), lengths)
-                out.append(score_responses(self.task, chunk, texts[:len(chunk)]))
+                tokens, lengths, finished = shd.host_rows((ro.tokens, ro.lengths, ro.finished))
+                texts = decode_responses(self.tokenizer, tokens, lengths - finished)
+                out.append(score_responses(task, chunk, texts[:len(chunk)]))
         r, rs = np.concatenate(greedy), np.concatenate(sampled)
         return {"eval/accuracy": float((r >= 1.0).mean()), "eval/reward": float(r.mean()),
                 "eval/sampled_accuracy": float((rs >= 1.0).mean()),
@@ -333,7 +342,7 @@ def _from_jsonable(state: Any) -> Any:
 
 def write_config(cfg: TrainConfig, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(dump_config(cfg))
+    safe_path(out, "config.yaml").write_text(dump_config(cfg))
 
 
 def append_jsonl(path: Path, row: dict[str, Any]) -> None:
@@ -358,8 +367,9 @@ def run_training(cfg: TrainConfig, out: str | Path, *, resume: bool = False,
     from ais_jax.plots import plot_run
 
     out = Path(out)
+    shd.initialize_distributed(cfg.distributed)  # before any other JAX call
     run = Run(cfg, out)
-    metrics_file = out / "metrics.jsonl"
+    metrics_file = safe_path(out, "metrics.jsonl")
     summary: dict[str, Any] = {}
     if not resume and run.checkpointer.steps():
         raise ValueError(f"{out} already holds checkpoints (steps {run.checkpointer.steps()}); "
@@ -379,7 +389,7 @@ def run_training(cfg: TrainConfig, out: str | Path, *, resume: bool = False,
             losses = run.sft(lambda i, n, loss: (bar.update(i - bar.n),
                                                  bar.set_postfix(loss=loss)))
         else:
-            losses, run.state = [], init_state(initial_params, run.optimizer)
+            losses, run.state = [], shd.sharded_init(run.mesh, initial_params, run.optimizer)
         bar.close()
         summary["sft/final_loss"] = losses[-1] if losses else None
         summary["time/sft_s"] = time.perf_counter() - t0
@@ -388,7 +398,7 @@ def run_training(cfg: TrainConfig, out: str | Path, *, resume: bool = False,
             run.ref_params = jax.tree_util.tree_map(jnp.copy, run.state.params)
         summary.update({f"initial/{k}": v for k, v in run.evaluate().items()})
         run.save()
-    writer = SummaryWriter(str(out / "tb"))
+    writer = SummaryWriter(str(safe_path(out, "tb")))
     bar = tqdm(total=cfg.steps, initial=int(run.state.step), desc="GRPO",
                disable=not show_progress)
     while int(run.state.step) < cfg.steps:
@@ -416,14 +426,24 @@ def run_training(cfg: TrainConfig, out: str | Path, *, resume: bool = False,
         summary["reward/last"] = float(np.mean([r["reward/mean"] for r in rows[-window:]]))
         for phase in ("rollout", "score", "update", "reward", "sync"):
             summary[f"time/{phase}_s_total"] = sum(r[f"time/{phase}_s"] for r in rows)
-        plot_run(metrics_file, out / "plots")
+        plot_run(metrics_file, safe_path(out, "plots"))
     summary["steps"] = int(run.state.step)
-    prev = json.loads((out / "summary.json").read_text()) if resume and (
-        out / "summary.json").exists() else {}
+    summary_file = safe_path(out, "summary.json")
+    prev = json.loads(summary_file.read_text()) if resume and summary_file.exists() else {}
     summary = {**{k: v for k, v in prev.items() if k.startswith(("initial/", "sft/", "time/sft"))},
                **summary}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    summary_file.write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def kill_point(phase: str, step: int) -> None:
+    """Test hook, inert unless the environment sets ``AIS_JAX_TEST_KILL_AT="<phase>:<step>"``:
+    then this process SIGKILLs itself on reaching that point, as a crash or a preempted job
+    would (tests/test_reliability.py). Phases: ``rollout`` and ``update``, at the start of that
+    phase of RL step ``step`` (1-based); ``checkpoint``, which the test's worker script calls
+    from inside orbax's save of step ``step`` (files written, folder not yet committed)."""
+    if os.environ.get("AIS_JAX_TEST_KILL_AT") == f"{phase}:{step}":
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _truncate_metrics(path: Path, step: int) -> None:

@@ -149,7 +149,7 @@ def update(state: TrainState, batch: Batch, key: jax.Array, *, config: ModelConf
         ok = jnp.isfinite(loss) & _all_finite(grads)
         keep = lambda new, old: jax.tree_util.tree_map(  # noqa: E731
             lambda a, b: jnp.where(ok, a, b), new, old)
-        metrics = dict(metrics, **{"train/grad_norm": optax.global_norm(grads),
+        metrics = dict(metrics, **{"train/grad_norm": optax.tree_utils.tree_norm(grads),
                                    "train/skipped": (~ok).astype(jnp.float32)})
         return (keep(new_params, params), keep(new_opt_state, opt_state),
                 skipped + (~ok).astype(jnp.int32)), metrics

@@ -8,7 +8,7 @@ name with :func:`make_task`. :class:`CharTokenizer` tokenizes the synthetic task
 
 from ais_jax.tasks.answers import answers_match, extract_answer, last_boxed, parse_number
 from ais_jax.tasks.arithmetic import Arithmetic
-from ais_jax.tasks.base import Example, FiniteTask, Task
+from ais_jax.tasks.base import Example, FiniteTask, RewardError, Task
 from ais_jax.tasks.catalog import TASKS, make_task
 from ais_jax.tasks.countdown import Countdown, ParseError, parse_expression
 from ais_jax.tasks.jsonl import JsonlTask, load_gsm8k, load_jsonl, load_math
@@ -24,6 +24,7 @@ __all__ = [
     "FiniteTask",
     "JsonlTask",
     "ParseError",
+    "RewardError",
     "Sudoku",
     "Task",
     "answers_match",

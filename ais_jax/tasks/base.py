@@ -26,7 +26,12 @@ import random
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-__all__ = ["Example", "FiniteTask", "Task"]
+__all__ = ["Example", "FiniteTask", "RewardError", "Task"]
+
+
+class RewardError(RuntimeError):
+    """A reward function raised or returned a non-finite value; the message names the task,
+    the prompt and the response (raised by the training loop, reported by the CLI)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -14,8 +14,8 @@ The reward is 1.0 iff the final answer stated in the response (see
 matches the example's answer numerically (``0.5 == 1/2 == \\frac{1}{2}``) or, failing that,
 as a normalized string.
 
-Malformed lines (invalid JSON, not an object, a missing or non-string key, a GSM8K answer
-without ``####``, a MATH solution without ``\\boxed{}``) are errors that name the file, the
+Malformed lines (not UTF-8, invalid JSON, not an object, a missing or non-string key, a GSM8K
+answer without ``####``, a MATH solution without ``\\boxed{}``) are errors that name the file, the
 line number and what is wrong. By default loading stops at the first one: silently dropping
 lines would change the data distribution -- and the evaluation denominator -- without anyone
 noticing. ``on_error="skip"`` keeps the good lines and emits one warning listing every skipped
@@ -95,8 +95,11 @@ def load_jsonl(
     if on_error not in ON_ERROR:
         raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
     path = pathlib.Path(path)
+    if not path.is_file():
+        raise ValueError(f"JSONL file {str(path)!r} " + (
+            "is not a file" if path.exists() else "does not exist"))
     examples, skipped, lines = [], [], 0
-    with path.open(encoding="utf-8") as f:
+    with path.open("rb") as f:  # bytes: a line that is not UTF-8 is a bad line like any other
         for line_no, line in enumerate(f, start=1):
             if not line.strip():
                 continue
@@ -121,7 +124,11 @@ def load_jsonl(
     return tuple(examples)
 
 
-def _parse_line(line: str, to_example: Callable[[dict], Example]) -> Example:
+def _parse_line(raw: bytes, to_example: Callable[[dict], Example]) -> Example:
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise _BadLine(f"not UTF-8 text (byte {raw[e.start]:#04x} at offset {e.start})") from None
     try:
         record = json.loads(line)
     except json.JSONDecodeError as e:

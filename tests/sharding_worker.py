@@ -1,0 +1,406 @@
+"""The 8-device checks of test_sharding.py, run in a subprocess with 8 fake CPU devices.
+
+``XLA_FLAGS=--xla_force_host_platform_device_count=8`` must be set before JAX is imported, and
+the rest of the suite keeps one device, so test_sharding.py runs this file once as
+``python tests/sharding_worker.py OUT.json TMPDIR`` and turns each entry of OUT.json into a
+test. Every check compares a sharded computation with the same computation on one device.
+
+Sharding must not change the math, only the order of float32 reductions (the all-reduces of
+a tensor- or fsdp-sharded matmul). So the trainer runs in float32 here
+(``train.COMPUTE_DTYPE``): in bfloat16 the same reordering is rounded to 8 bits and the
+comparison would measure bf16 rounding instead of the sharding.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+)
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import json  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+import traceback  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+
+from ais_jax import model, sampler, train  # noqa: E402
+from ais_jax import sharding as shd  # noqa: E402
+from ais_jax.checkpoint import Checkpointer  # noqa: E402
+from ais_jax.config import CorrectionConfig, LossConfig, OptimConfig, RolloutConfig  # noqa: E402
+from ais_jax.model_config import ModelConfig  # noqa: E402
+from ais_jax.quant import QArray  # noqa: E402
+
+train.COMPUTE_DTYPE = jnp.float32  # see the module docstring
+CONFIG = ModelConfig(
+    vocab_size=64,
+    hidden_size=64,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    intermediate_size=128,
+    rope_theta=10_000.0,
+    tie_embeddings=False,
+)
+N, P, T = 16, 6, 5  # rows, prompt length, response length
+RTOL = 1e-5
+
+
+def mesh(data=1, fsdp=1, tensor=1, devices=None):
+    return shd.make_mesh(shd.MeshConfig(data=data, fsdp=fsdp, tensor=tensor), devices)
+
+
+def host_params():
+    """Random float32 params with matrices of std 0.1 (logits O(1), nothing near 0)."""
+    params = model.init_params(CONFIG, jax.random.key(0))
+    params = jax.tree.map(lambda x: 5 * x if x.ndim == 3 else x, params)
+    params["embed"], params["lm_head"] = 5 * params["embed"], 5 * params["lm_head"]
+    return jax.device_get(params)
+
+
+def host_batch(params):
+    """A rollout batch as the runner builds it: logp_old = the trainer's own log-probs (so
+    first-minibatch ratios are 1), logp_rollout = logp_old + noise (the FP8 mismatch)."""
+    r = np.random.default_rng(0)
+    prompt_mask = np.ones((N, P), bool)
+    prompt_mask[::3, :2] = False  # left padding
+    mask = np.ones((N, T), bool)
+    mask[::2, 3:] = False  # finished early
+    prompts = r.integers(0, CONFIG.vocab_size, (N, P)).astype(np.int32)
+    tokens = r.integers(0, CONFIG.vocab_size, (N, T)).astype(np.int32)
+    logp_old, _ = train.score(params, CONFIG, prompts, prompt_mask, tokens, mask, 1.0)
+    logp_old = np.asarray(logp_old)
+    return jax.device_get(
+        train.Batch(
+            prompt_tokens=prompts,
+            prompt_mask=prompt_mask,
+            tokens=tokens,
+            mask=mask,
+            logp_rollout=(logp_old + 0.1 * r.normal(size=(N, T)) * mask).astype(np.float32),
+            logp_old=logp_old,
+            advantages=r.normal(size=N).astype(np.float32),
+        )
+    )
+
+
+# Adam with eps=1e-3: with eps=1e-8 an element whose gradient is ~1e-8 moves by up to lr for
+# a 1e-7 relative change of that gradient, so even two single-device runs with different XLA
+# fusions disagree there. A larger eps keeps the step Lipschitz in the gradient while the
+# moments still shard like the params they mirror (what this test is about).
+OPTIM = OptimConfig(minibatches=2, learning_rate=1e-3)
+OPTIMIZER = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3, eps=1e-3))
+UPDATE_KW = dict(
+    config=CONFIG,
+    optimizer=OPTIMIZER,
+    optim=OPTIM,
+    loss_cfg=LossConfig(),
+    correction=train.make_correction(CorrectionConfig()),
+    temperature=1.0,
+)
+
+
+def assert_trees_close(actual, expected, what=""):
+    """Leafwise ``|a - e| <= RTOL * (|e| + max|e|)``: float32 agreement relative to each
+    tensor's scale (a reduction's small elements carry the rounding of its large terms)."""
+    pairs = zip(jax.tree_util.tree_leaves_with_path(expected), jax.tree.leaves(actual), strict=True)
+    for (path, e), a in pairs:
+        e, a = np.asarray(e, np.float32), np.asarray(a, np.float32)
+        np.testing.assert_allclose(
+            a,
+            e,
+            rtol=RTOL,
+            atol=RTOL * float(np.abs(e).max(initial=0)),
+            err_msg=f"{what}{jax.tree_util.keystr(path)}",
+        )
+
+
+# ---- checks -------------------------------------------------------------------------------------
+
+
+def check_layouts(ctx):
+    """Each device holds the shard the table says: q_proj [L, H*E, D] over (tensor, fsdp)."""
+    m = mesh(data=2, fsdp=2, tensor=2)
+    state = shd.sharded_init(m, ctx["params"], OPTIMIZER)
+    assert_trees_close(state, train.init_state(ctx["params"], OPTIMIZER))
+    q = state.params["layers"]["q_proj"]
+    assert q.sharding.spec == jax.P(None, "tensor", "fsdp"), q.sharding
+    assert q.addressable_shards[0].data.shape == (2, 32, 32), q.addressable_shards[0].data.shape
+    mu = state.opt_state[1][0].mu["layers"]["down_proj"]  # adamw's first moment
+    assert mu.sharding.spec == jax.P(None, "fsdp", "tensor"), mu.sharding
+    assert state.params["layers"]["input_norm"].sharding.is_fully_replicated
+    assert state.step.sharding.is_fully_replicated
+    batch = shd.shard_batch(ctx["batch"], m)
+    assert batch.tokens.addressable_shards[0].data.shape == (N // 4, T)  # rows over data x fsdp
+    assert_trees_close(shd.host_rows(batch), ctx["batch"])  # its inverse (one process: all)
+    try:
+        shd.shard_batch(np.zeros((6, 3)), m)
+        raise AssertionError("a batch of 6 rows on data x fsdp = 4 was accepted")
+    except ValueError as e:
+        assert "batch size 6 is not divisible by mesh data x fsdp = 4" in str(e), e
+
+
+def check_train_step(ctx):
+    """One `train.update` (2 minibatches) on a 2x2x2 mesh equals the 1-device step."""
+    state = train.init_state(ctx["params"], OPTIMIZER)
+    key = jax.random.key(1)
+    ref, ref_metrics = train.update(
+        jax.tree.map(jnp.copy, state), ctx["batch"], key, **UPDATE_KW
+    )  # update donates its state: pass a copy
+    m = mesh(data=2, fsdp=2, tensor=2)
+    sharded = shd.shard_state(state, m)
+    step = shd.sharded_update(m, sharded, **UPDATE_KW)
+    out, metrics = step(sharded, shd.shard_batch(ctx["batch"], m), key)
+    # params: the update agrees to RTOL of its scale, up to the rounding of adding it (2 ulp)
+    for (path, e), a, old in zip(
+        jax.tree_util.tree_leaves_with_path(ref.params),
+        jax.tree.leaves(out.params),
+        jax.tree.leaves(ctx["params"]),
+        strict=True,
+    ):
+        e, a = np.asarray(e), np.asarray(a)
+        step_size = float(np.abs(e - old).max())
+        assert step_size > 1e-4 or path[-1].key.endswith("norm"), (path, step_size)
+        np.testing.assert_allclose(
+            a,
+            e,
+            rtol=2 * np.finfo(np.float32).eps,
+            atol=RTOL * step_size,
+            err_msg=jax.tree_util.keystr(path),
+        )
+    assert_trees_close(out.opt_state, ref.opt_state, what="opt_state")
+    assert_trees_close(metrics, ref_metrics, what="metrics")
+    assert int(out.step) == 1 and metrics["loss/total"].sharding.is_fully_replicated
+    assert out.params["layers"]["up_proj"].sharding.spec == jax.P(None, "tensor", "fsdp")
+    ctx["step"], ctx["state_after"], ctx["mesh_222"] = step, out, m
+
+
+def check_no_recompile(ctx):
+    """Feeding a step's output state back in (a new batch, a new key) compiles nothing."""
+    step, state, m = ctx["step"], ctx["state_after"], ctx["mesh_222"]
+    batch = jax.tree.map(lambda x: x[::-1].copy(), ctx["batch"])  # same shapes, new values
+    compiles = []
+
+    def listener(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(duration)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        for i in range(2):
+            state, metrics = step(state, shd.shard_batch(batch, m), jax.random.key(2 + i))
+        jax.block_until_ready(state)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert not compiles, f"{len(compiles)} compilation(s) on the 2nd/3rd call"
+    assert int(state.step) == 3
+    if hasattr(step, "_cache_size"):
+        assert step._cache_size() == 1, step._cache_size()
+
+
+def check_score(ctx):
+    m = mesh(data=2, fsdp=2, tensor=2)
+    b = ctx["batch"]
+    args = (b.prompt_tokens, b.prompt_mask, b.tokens, b.mask)
+    ref = train.score(ctx["params"], CONFIG, *args, 1.0)
+    score = shd.sharded_score(m, ctx["params"], CONFIG)
+    out = score(shd.shard_state(ctx["params"], m), *shd.shard_batch(args, m), 1.0)
+    assert_trees_close(out, ref, what="logp, entropy")
+
+
+def _generate_both(params_1, params_m, m, **kw):
+    prompts, prompt_mask = sampler.pad_prompts([[5, 6, 7], [8], [9, 10], [11, 12, 13, 14]] * 2)
+    key = jax.random.key(7)
+    ref = sampler.generate(
+        params_1,
+        CONFIG,
+        prompts,
+        key,
+        prompt_mask=prompt_mask,
+        max_new_tokens=6,
+        temperature=1.0,
+        eos_ids=(3,),
+        **kw,
+    )
+    gen = shd.sharded_generate(m, params_m, CONFIG, max_new_tokens=6, eos_ids=(3,))
+    out = gen(
+        params_m,
+        *shd.shard_batch((prompts, prompt_mask), m),
+        key,
+        1.0,
+        kw.get("top_k", CONFIG.vocab_size),
+        1.0,
+    )
+    return ref, out
+
+
+def check_generate(ctx):
+    """Rollout layout (tensor-parallel, rows over data x fsdp): same tokens for the same key."""
+    m = mesh(data=2, fsdp=2, tensor=2)
+    params_m = shd.shard_state(ctx["params"], m, shd.ROLLOUT)
+    ref, out = _generate_both(ctx["params"], params_m, m)
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+    np.testing.assert_array_equal(np.asarray(out.mask), np.asarray(ref.mask))
+    assert_trees_close((out.logp, out.logp_plain), (ref.logp, ref.logp_plain))
+    assert out.tokens.sharding.spec == jax.P(shd.BATCH)
+
+
+def check_fp8(ctx):
+    """FP8 on 8 devices == FP8 on 1: the sync quantizes sharded weights with the *global*
+    per-tensor amax (bit-identical codes and scales), and the W8A8 forward (batch-sharded
+    activation amax) gives the 1-device logits."""
+    rollout = RolloutConfig(format="float8_e4m3fn", fp8_lm_head=True)
+    ref_q = train.sync_rollout_params(ctx["params"], rollout)
+    m = mesh(data=2, fsdp=2, tensor=2)
+    params_m = shd.shard_state(ctx["params"], m)
+    sync = shd.sharded_sync(m, params_m, rollout)
+    q = sync(params_m)
+    leaves, ref_leaves = jax.tree.leaves(q), jax.tree.leaves(ref_q)
+    for a, e in zip(leaves, ref_leaves, strict=True):
+        assert a.dtype == e.dtype
+        np.testing.assert_array_equal(
+            np.asarray(a).view(np.uint8) if a.dtype.itemsize == 1 else np.asarray(a),
+            np.asarray(e).view(np.uint8) if e.dtype.itemsize == 1 else np.asarray(e),
+        )
+    qproj = q["layers"]["q_proj"]
+    assert isinstance(qproj, QArray) and qproj.quant.sharding.spec == jax.P(None, "tensor", None)
+    assert qproj.scale.sharding.is_fully_replicated
+    b = ctx["batch"]
+    tokens = np.concatenate([b.prompt_tokens, b.tokens], axis=1)
+    mask = np.concatenate([b.prompt_mask, b.mask], axis=1)
+    fwd = jax.jit(lambda p, t, mk: model.forward(p, CONFIG, t, mk))
+    ref = fwd(ref_q, tokens, mask)
+    fwd_m = jax.jit(
+        lambda p, t, mk: model.forward(p, CONFIG, t, mk),
+        in_shardings=(
+            shd.param_shardings(q, m, shd.ROLLOUT),
+            shd.batch_sharding(m),
+            shd.batch_sharding(m),
+        ),
+        out_shardings=shd.batch_sharding(m),
+    )
+    out = fwd_m(q, *shd.shard_batch((tokens, mask), m))
+    valid = mask.astype(bool)
+    assert_trees_close(np.asarray(out)[valid], np.asarray(ref)[valid], what="fp8 logits")
+    ctx["fp8"] = (ref_q, q, m)
+
+
+def check_fp8_generate(ctx):
+    """FP8 rollout on 8 devices samples the same tokens as on 1."""
+    ref_q, q, m = ctx["fp8"]
+    ref, out = _generate_both(ref_q, q, m)
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+    assert_trees_close(out.logp_plain, ref.logp_plain)
+
+
+def check_checkpoint(ctx):
+    """A TrainState saved from a 2x4 (fsdp x tensor) mesh restores onto 8x1 and 1x1."""
+    state = train.init_state(ctx["params"], OPTIMIZER)
+    state = state.replace(step=jnp.asarray(7, jnp.int32))
+    expected = jax.device_get(state)
+    ckpt = Checkpointer(os.path.join(ctx["tmp"], "ckpt"))
+    ckpt.save(7, {"train": shd.shard_state(state, mesh(fsdp=2, tensor=4))}, {"step": 7})
+    targets = {"8x1": mesh(fsdp=8, tensor=1), "1x1": mesh(devices=jax.devices()[:1])}
+    for name, m in targets.items():
+        template = {"train": shd.abstract_state(expected, m)}
+        step, restored, record = ckpt.restore(template)
+        assert step == 7 and record == {"step": 7}
+        got = restored["train"]
+        q = got.params["layers"]["q_proj"]
+        assert q.sharding.mesh.shape == m.shape, (name, q.sharding)
+        assert (
+            q.sharding.spec == shd.param_shardings(expected, m).params["layers"]["q_proj"].spec
+        ), (name, q.sharding)
+        for (path, e), a in zip(
+            jax.tree_util.tree_leaves_with_path(expected), jax.tree.leaves(got), strict=True
+        ):
+            np.testing.assert_array_equal(np.asarray(a), e, err_msg=f"{name}: {path}")
+
+
+def check_runner(ctx):
+    """`runner.Run` steps on a 2x2x2 mesh (``mesh:`` in the config) and, from the 2nd step on,
+    compiles nothing. Skipped while config.py has no ``mesh`` section."""
+    import dataclasses
+
+    from ais_jax.config import TrainConfig, from_dict
+    from ais_jax.runner import Run
+
+    if "mesh" not in {f.name for f in dataclasses.fields(TrainConfig)}:
+        return "config.py has no mesh section yet"
+    cfg = from_dict(
+        TrainConfig,
+        {
+            "steps": 3,
+            "sft": {"steps": 0},
+            "mesh": {"data": 2, "fsdp": 2, "tensor": 2},
+            "model": {
+                "num_layers": 1,
+                "hidden_size": 64,
+                "num_heads": 2,
+                "num_kv_heads": 1,
+                "head_dim": 32,
+                "intermediate_size": 128,
+            },
+            "rollout": {
+                "prompts_per_step": 4,
+                "group_size": 4,
+                "max_new_tokens": 6,
+                "max_prompt_len": 10,
+            },
+        },
+    )
+    run = Run(cfg, os.path.join(ctx["tmp"], "run"))
+    rows = [run.step()]
+    compiles = []
+    listener = lambda event, duration, **kw: compiles.append(event)  # noqa: E731
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        rows.append(run.step())
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert "/jax/core/compile/backend_compile_duration" not in compiles, compiles
+    assert all(np.isfinite(v) for row in rows for v in row.values()), rows
+    q = run.state.params["layers"]["q_proj"]
+    assert q.sharding.spec == jax.P(None, "tensor", "fsdp") and int(run.state.step) == 2
+
+
+CHECKS = [
+    check_layouts,
+    check_train_step,
+    check_no_recompile,
+    check_score,
+    check_generate,
+    check_fp8,
+    check_fp8_generate,
+    check_checkpoint,
+    check_runner,
+]
+
+
+def main(out_path: str, tmp: str) -> None:
+    assert jax.device_count() == 8, jax.devices()
+    params = host_params()
+    ctx = {"params": params, "batch": host_batch(params), "tmp": tmp}
+    results = {}
+    for check in CHECKS:
+        t0, c0 = time.perf_counter(), time.process_time()
+        try:
+            skipped = check(ctx)
+            results[check.__name__] = {"ok": True, "skipped": skipped}
+        except Exception:
+            results[check.__name__] = {"ok": False, "error": traceback.format_exc()}
+        results[check.__name__]["seconds"] = round(time.perf_counter() - t0, 2)
+        results[check.__name__]["cpu_seconds"] = round(time.process_time() - c0, 2)
+        print(check.__name__, results[check.__name__], flush=True)
+    with open(out_path, "w") as f:
+        json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
