@@ -35,6 +35,7 @@ def __getattr__(name: str):
         return run_training
     raise AttributeError(f"module 'ais_jax' has no attribute {name!r}")
 
+
 __all__ = [
     "CheckpointError",
     "HFTokenizer",

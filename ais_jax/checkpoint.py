@@ -31,10 +31,14 @@ class Checkpointer:
         self.directory = Path(directory).absolute()
         self._manager = ocp.CheckpointManager(
             self.directory,
-            item_handlers={"state": ocp.StandardCheckpointHandler(),  # for item_metadata
-                           "record": ocp.JsonCheckpointHandler()},
-            options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
-                                                 enable_async_checkpointing=False))
+            item_handlers={
+                "state": ocp.StandardCheckpointHandler(),  # for item_metadata
+                "record": ocp.JsonCheckpointHandler(),
+            },
+            options=ocp.CheckpointManagerOptions(
+                max_to_keep=max_to_keep, create=True, enable_async_checkpointing=False
+            ),
+        )
 
     def steps(self) -> list[int]:
         self._manager.reload()
@@ -48,12 +52,18 @@ class Checkpointer:
         if step in self.steps():  # a step re-run after `fallback` passed over its bad checkpoint
             log.warning("Overwriting checkpoint %s.", self.directory / str(step))
             self._manager.delete(step)
-        self._manager.save(step, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(state), record=ocp.args.JsonSave(record)), force=True)
+        self._manager.save(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state), record=ocp.args.JsonSave(record)
+            ),
+            force=True,
+        )
         self._manager.wait_until_finished()
 
-    def restore(self, template: Any, step: int | None = None, *,
-                fallback: bool = False) -> tuple[int, Any, dict[str, Any]]:
+    def restore(
+        self, template: Any, step: int | None = None, *, fallback: bool = False
+    ) -> tuple[int, Any, dict[str, Any]]:
         """Restore ``step`` (default: the latest) onto ``template``'s structure and shardings.
 
         Returns ``(step, state, record)``.
@@ -63,8 +73,9 @@ class Checkpointer:
             raise CheckpointError(f"No checkpoint to resume from in {self.directory}.")
         candidates = [step] if step is not None else steps[::-1]
         if step is not None and step not in steps:
-            raise CheckpointError(f"No checkpoint for step {step} in {self.directory}; "
-                                  f"available steps: {steps}.")
+            raise CheckpointError(
+                f"No checkpoint for step {step} in {self.directory}; available steps: {steps}."
+            )
         if fallback and step is None:
             candidates = steps[::-1]
         elif step is None:
@@ -73,18 +84,28 @@ class Checkpointer:
         for s in candidates:
             self._check_shapes(s, template)
             try:
-                out = self._manager.restore(s, args=ocp.args.Composite(
-                    state=ocp.args.StandardRestore(template), record=ocp.args.JsonRestore()))
+                out = self._manager.restore(
+                    s,
+                    args=ocp.args.Composite(
+                        state=ocp.args.StandardRestore(template), record=ocp.args.JsonRestore()
+                    ),
+                )
             except Exception as e:  # orbax/tensorstore raise many types for damaged files
-                failures.append(f"{self.directory / str(s)}: {type(e).__name__}: "
-                                f"{str(e).splitlines()[0][:200] if str(e) else ''}")
+                failures.append(
+                    f"{self.directory / str(s)}: {type(e).__name__}: "
+                    f"{str(e).splitlines()[0][:200] if str(e) else ''}"
+                )
                 continue
             if failures:
                 log.warning("Skipped unreadable checkpoint(s): %s", "; ".join(failures))
             return s, out.state, dict(out.record)
         hint = "" if fallback else " Pass fallback=True (--resume-fallback) to use an older one."
-        raise CheckpointError("Checkpoint could not be read (corrupt or truncated): "
-                              + "; ".join(failures) + "." + hint)
+        raise CheckpointError(
+            "Checkpoint could not be read (corrupt or truncated): "
+            + "; ".join(failures)
+            + "."
+            + hint
+        )
 
     def _check_shapes(self, step: int, template: Any) -> None:
         """A `CheckpointError` if the arrays stored for ``step`` are not those of ``template``
@@ -94,19 +115,26 @@ class Checkpointer:
         except Exception:  # a damaged checkpoint: the restore that follows names the problem
             return
         wanted = _shapes(template)
-        diffs = [f"{k}: stored {stored[k]}, expected {v}" if k in stored else
-                 f"{k}: not in the checkpoint" for k, v in wanted.items() if stored.get(k) != v]
+        diffs = [
+            f"{k}: stored {stored[k]}, expected {v}"
+            if k in stored
+            else f"{k}: not in the checkpoint"
+            for k, v in wanted.items()
+            if stored.get(k) != v
+        ]
         diffs += [f"{k}: not expected" for k in stored if k not in wanted]
         if diffs:
             more = f" ... ({len(diffs)} differences)" if len(diffs) > 4 else ""
             raise CheckpointError(
                 f"Checkpoint {self.directory / str(step)} does not match the model and training "
                 f"setup of this config: {'; '.join(diffs[:4])}{more}. Resume with the config the "
-                "run was trained with (config.yaml in the run directory).")
+                "run was trained with (config.yaml in the run directory)."
+            )
 
 
 def _shapes(tree: Any) -> dict[str, tuple[int, ...]]:
     """``{"train/params/embed": (V, D), ...}`` for a state pytree or orbax's metadata tree."""
+
     def name(k):
         return str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))))
 

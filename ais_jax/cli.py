@@ -54,8 +54,13 @@ def _cmd_train(args) -> int:
     else:
         cfg = _load(args)
     print(f"ais-jax train: writing to {out}", file=sys.stderr)
-    summary = run_training(cfg, out, resume=args.resume, fallback=args.resume_fallback,
-                           show_progress=not args.no_progress)
+    summary = run_training(
+        cfg,
+        out,
+        resume=args.resume,
+        fallback=args.resume_fallback,
+        show_progress=not args.no_progress,
+    )
     print(json.dumps(summary, indent=2))
     return 0
 
@@ -99,17 +104,30 @@ def _cmd_sample(args) -> int:
     import dataclasses
 
     rollout = dataclasses.replace(rollout, format=args.format)
-    prompts, mask = encode_prompts(tokenizer, [args.prompt] * args.n, max(
-        rollout.max_prompt_len, len(tokenizer.encode(args.prompt)) + 1))
-    ro = generate(sync_rollout_params(params, rollout), config, prompts, jax.random.key(args.seed),
-                  prompt_mask=mask, max_new_tokens=args.max_new_tokens or rollout.max_new_tokens,
-                  temperature=args.temperature, eos_ids=(tokenizer.eos_id,),
-                  pad_id=tokenizer.pad_id)
+    prompts, mask = encode_prompts(
+        tokenizer,
+        [args.prompt] * args.n,
+        max(rollout.max_prompt_len, len(tokenizer.encode(args.prompt)) + 1),
+    )
+    ro = generate(
+        sync_rollout_params(params, rollout),
+        config,
+        prompts,
+        jax.random.key(args.seed),
+        prompt_mask=mask,
+        max_new_tokens=args.max_new_tokens or rollout.max_new_tokens,
+        temperature=args.temperature,
+        eos_ids=(tokenizer.eos_id,),
+        pad_id=tokenizer.pad_id,
+    )
     lengths = np.asarray(ro.lengths) - np.asarray(ro.finished)
-    for text, lp, m in zip(decode_responses(tokenizer, np.asarray(ro.tokens), lengths),
-                           np.asarray(ro.logp_plain), np.asarray(ro.mask), strict=True):
-        print(json.dumps({"prompt": args.prompt, "response": text,
-                          "logp": float(lp[m].sum())}))
+    for text, lp, m in zip(
+        decode_responses(tokenizer, np.asarray(ro.tokens), lengths),
+        np.asarray(ro.logp_plain),
+        np.asarray(ro.mask),
+        strict=True,
+    ):
+        print(json.dumps({"prompt": args.prompt, "response": text, "logp": float(lp[m].sum())}))
     return 0
 
 
@@ -129,8 +147,9 @@ def _cmd_compare(args) -> int:
 
     cfg = _load(args)
     out = Path(args.out) if args.out else _new_run_dir("compare")
-    table = run_comparison(cfg, out, seeds=args.seeds, arms=args.arms,
-                           show_progress=not args.no_progress)
+    table = run_comparison(
+        cfg, out, seeds=args.seeds, arms=args.arms, show_progress=not args.no_progress
+    )
     print(table)
     return 0
 
@@ -147,16 +166,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     def with_config(sp):
         sp.add_argument("--config", help="YAML config (default: the embedded quickstart)")
-        sp.add_argument("--set", action="append", metavar="KEY=VALUE",
-                        help="override a config value, e.g. --set rollout.format=float4_e2m1fn")
+        sp.add_argument(
+            "--set",
+            action="append",
+            metavar="KEY=VALUE",
+            help="override a config value, e.g. --set rollout.format=float4_e2m1fn",
+        )
         sp.add_argument("--out", help="output directory (default: runs/<command>-<time>)")
         sp.add_argument("--no-progress", action="store_true", help="no progress bars")
 
     t = sub.add_parser("train", help="SFT warm start + GRPO with FP8 rollout and AIS")
     with_config(t)
     t.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
-    t.add_argument("--resume-fallback", action="store_true",
-                   help="with --resume: use the newest *readable* checkpoint if the last is bad")
+    t.add_argument(
+        "--resume-fallback",
+        action="store_true",
+        help="with --resume: use the newest *readable* checkpoint if the last is bad",
+    )
     t.set_defaults(fn=_cmd_train)
 
     e = sub.add_parser("eval", help="held-out accuracy of a run's latest checkpoint")

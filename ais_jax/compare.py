@@ -32,15 +32,27 @@ def arms_for(cfg: TrainConfig) -> dict[str, TrainConfig]:
 
     def arm(format_: str, method: str) -> TrainConfig:
         return dataclasses.replace(
-            cfg, rollout=dataclasses.replace(cfg.rollout, format=format_),
-            correction=dataclasses.replace(cfg.correction, method=method))
+            cfg,
+            rollout=dataclasses.replace(cfg.rollout, format=format_),
+            correction=dataclasses.replace(cfg.correction, method=method),
+        )
 
-    return {"bf16": arm("bf16", "none"), short: arm(fmt, "none"),
-            f"{short}+tis": arm(fmt, "tis"), f"{short}+ais": arm(fmt, "ais")}
+    return {
+        "bf16": arm("bf16", "none"),
+        short: arm(fmt, "none"),
+        f"{short}+tis": arm(fmt, "tis"),
+        f"{short}+ais": arm(fmt, "ais"),
+    }
 
 
-def run_comparison(cfg: TrainConfig, out: str | Path, *, seeds: int = 3,
-                   arms: str | None = None, show_progress: bool = True) -> str:
+def run_comparison(
+    cfg: TrainConfig,
+    out: str | Path,
+    *,
+    seeds: int = 3,
+    arms: str | None = None,
+    show_progress: bool = True,
+) -> str:
     """Run every arm for ``seeds`` seeds under ``out``; write and return the markdown table."""
     from ais_jax.runner import Run, run_training
 
@@ -62,16 +74,19 @@ def run_comparison(cfg: TrainConfig, out: str | Path, *, seeds: int = 3,
         for name in chosen:
             arm_cfg = dataclasses.replace(all_arms[name], seed=seed)
             run_dir = out / name.replace("+", "_") / f"seed{seed}"
-            summary = run_training(arm_cfg, run_dir, show_progress=show_progress,
-                                   initial_params=warm.state.params)
+            summary = run_training(
+                arm_cfg, run_dir, show_progress=show_progress, initial_params=warm.state.params
+            )
             results[name].append(summary)
             curves[name].append(read_metrics(run_dir / "metrics.jsonl"))
     table = format_table(cfg, results, curves)
     (out / "results.md").write_text(table + "\n")
-    (out / "results.json").write_text(json.dumps(
-        {a: {"summaries": results[a]} for a in chosen}, indent=2))
-    plot_arms(curves, ["reward/mean", "ais/ess_ratio", "ais/mismatch", "ais/alpha"],
-              out / "arms.png")
+    (out / "results.json").write_text(
+        json.dumps({a: {"summaries": results[a]} for a in chosen}, indent=2)
+    )
+    plot_arms(
+        curves, ["reward/mean", "ais/ess_ratio", "ais/mismatch", "ais/alpha"], out / "arms.png"
+    )
     return table
 
 
@@ -80,8 +95,9 @@ def _mean_std(values: list[float], scale: float = 1.0, digits: int = 1) -> str:
     return f"{v.mean():.{digits}f} ± {v.std():.{digits}f}" if len(v) > 1 else f"{v[0]:.{digits}f}"
 
 
-def format_table(cfg: TrainConfig, results: dict[str, list[dict]],
-                 curves: dict[str, list[list[dict]]]) -> str:
+def format_table(
+    cfg: TrainConfig, results: dict[str, list[dict]], curves: dict[str, list[list[dict]]]
+) -> str:
     n = len(next(iter(results.values())))
     lines = [
         f"Task `{cfg.task.name}` {cfg.task.options or ''}, {cfg.steps} RL steps, "
@@ -106,5 +122,6 @@ def format_table(cfg: TrainConfig, results: dict[str, list[dict]],
             f"| {np.mean([r['ais/mismatch'] for r in rows]):.4f} "
             f"| {np.mean([r['ais/ess_ratio'] for r in rows]):.4f} "
             f"({np.min([r['ais/ess_ratio'] for r in rows]):.4f}) "
-            f"| {np.mean([r['ais/alpha'] for r in rows]):.3f} |")
+            f"| {np.mean([r['ais/alpha'] for r in rows]):.3f} |"
+        )
     return "\n".join(lines)

@@ -56,8 +56,14 @@ class ModelSpec:
     intermediate_size: int | None = None
 
     def overrides(self) -> dict[str, int]:
-        names = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
-                 "intermediate_size")
+        names = (
+            "hidden_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "intermediate_size",
+        )
         return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
 
 
@@ -88,21 +94,43 @@ class RolloutConfig:
 
     def __post_init__(self):
         s = "rollout"
-        _check(self.format in ROLLOUT_FORMATS, s, "format", self.format,
-               f"allowed: {list(ROLLOUT_FORMATS)}")
-        _check(self.act_scaling in ("tensor", "token"), s, "act_scaling", self.act_scaling,
-               "allowed: ['tensor', 'token']")
-        _check(self.prompts_per_step >= 1, s, "prompts_per_step", self.prompts_per_step,
-               "must be >= 1")
-        _check(self.group_size >= 2, s, "group_size", self.group_size,
-               "must be >= 2 (group-relative advantages need at least two answers)")
+        _check(
+            self.format in ROLLOUT_FORMATS,
+            s,
+            "format",
+            self.format,
+            f"allowed: {list(ROLLOUT_FORMATS)}",
+        )
+        _check(
+            self.act_scaling in ("tensor", "token"),
+            s,
+            "act_scaling",
+            self.act_scaling,
+            "allowed: ['tensor', 'token']",
+        )
+        _check(
+            self.prompts_per_step >= 1, s, "prompts_per_step", self.prompts_per_step, "must be >= 1"
+        )
+        _check(
+            self.group_size >= 2,
+            s,
+            "group_size",
+            self.group_size,
+            "must be >= 2 (group-relative advantages need at least two answers)",
+        )
         _check(self.max_new_tokens >= 1, s, "max_new_tokens", self.max_new_tokens, "must be >= 1")
         _check(self.max_prompt_len >= 1, s, "max_prompt_len", self.max_prompt_len, "must be >= 1")
         _check(self.temperature > 0, s, "temperature", self.temperature, "must be > 0")
-        _check(self.top_k is None or self.top_k >= 1, s, "top_k", self.top_k,
-               "must be >= 1 or null")
-        _check(self.top_p is None or 0 < self.top_p <= 1, s, "top_p", self.top_p,
-               "must be in (0, 1] or null")
+        _check(
+            self.top_k is None or self.top_k >= 1, s, "top_k", self.top_k, "must be >= 1 or null"
+        )
+        _check(
+            self.top_p is None or 0 < self.top_p <= 1,
+            s,
+            "top_p",
+            self.top_p,
+            "must be in (0, 1] or null",
+        )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -119,15 +147,22 @@ class CorrectionConfig:
 
     def __post_init__(self):
         s = "correction"
-        _check(self.method in CORRECTIONS, s, "method", self.method,
-               f"allowed: {list(CORRECTIONS)}")
-        _check(self.clip >= 1, s, "clip", self.clip,
-               "must be >= 1 (the IS weight is min(rho, clip))")
+        _check(
+            self.method in CORRECTIONS, s, "method", self.method, f"allowed: {list(CORRECTIONS)}"
+        )
+        _check(
+            self.clip >= 1, s, "clip", self.clip, "must be >= 1 (the IS weight is min(rho, clip))"
+        )
         for key in ("delta", "gamma", "eps"):
             _check(getattr(self, key) > 0, s, key, getattr(self, key), "must be > 0")
         _check(self.beta_var >= 0, s, "beta_var", self.beta_var, "must be >= 0")
-        _check(0 < self.low <= 1 <= self.high, s, "low/high", (self.low, self.high),
-               "need 0 < low <= 1 <= high")
+        _check(
+            0 < self.low <= 1 <= self.high,
+            s,
+            "low/high",
+            (self.low, self.high),
+            "need 0 < low <= 1 <= high",
+        )
         _check(self.level in LEVELS, s, "level", self.level, f"allowed: {list(LEVELS)}")
 
 
@@ -139,11 +174,21 @@ class LossConfig:
     aggregation: str = "seq_mean_token_mean"
 
     def __post_init__(self):
-        _check(0 < self.clip_low < 1 and self.clip_high > 0, "loss", "clip_low/clip_high",
-               (self.clip_low, self.clip_high), "need 0 < clip_low < 1 and clip_high > 0")
+        _check(
+            0 < self.clip_low < 1 and self.clip_high > 0,
+            "loss",
+            "clip_low/clip_high",
+            (self.clip_low, self.clip_high),
+            "need 0 < clip_low < 1 and clip_high > 0",
+        )
         _check(self.kl_coef >= 0, "loss", "kl_coef", self.kl_coef, "must be >= 0")
-        _check(self.aggregation in AGGREGATIONS, "loss", "aggregation", self.aggregation,
-               f"allowed: {list(AGGREGATIONS)}")
+        _check(
+            self.aggregation in AGGREGATIONS,
+            "loss",
+            "aggregation",
+            self.aggregation,
+            f"allowed: {list(AGGREGATIONS)}",
+        )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -162,12 +207,22 @@ class OptimConfig:
         s = "optim"
         _check(self.learning_rate > 0, s, "learning_rate", self.learning_rate, "must be > 0")
         _check(self.weight_decay >= 0, s, "weight_decay", self.weight_decay, "must be >= 0")
-        _check(0 <= self.b1 < 1 and 0 <= self.b2 < 1, s, "b1/b2", (self.b1, self.b2),
-               "must be in [0, 1)")
+        _check(
+            0 <= self.b1 < 1 and 0 <= self.b2 < 1,
+            s,
+            "b1/b2",
+            (self.b1, self.b2),
+            "must be in [0, 1)",
+        )
         _check(self.grad_clip > 0, s, "grad_clip", self.grad_clip, "must be > 0")
         _check(self.warmup_steps >= 0, s, "warmup_steps", self.warmup_steps, "must be >= 0")
-        _check(self.schedule in ("constant", "cosine"), s, "schedule", self.schedule,
-               "allowed: ['constant', 'cosine']")
+        _check(
+            self.schedule in ("constant", "cosine"),
+            s,
+            "schedule",
+            self.schedule,
+            "allowed: ['constant', 'cosine']",
+        )
         _check(self.ppo_epochs >= 1, s, "ppo_epochs", self.ppo_epochs, "must be >= 1")
         _check(self.minibatches >= 1, s, "minibatches", self.minibatches, "must be >= 1")
 
@@ -202,13 +257,22 @@ class TrainConfig:
 
     def __post_init__(self):
         _check(self.steps >= 0, "", "steps", self.steps, "must be >= 0")
-        _check(self.checkpoint_every >= 1, "", "checkpoint_every", self.checkpoint_every,
-               "must be >= 1")
+        _check(
+            self.checkpoint_every >= 1,
+            "",
+            "checkpoint_every",
+            self.checkpoint_every,
+            "must be >= 1",
+        )
         _check(self.eval_every >= 0, "", "eval_every", self.eval_every, "must be >= 0")
         batch = self.rollout.prompts_per_step * self.rollout.group_size
-        _check(batch % self.optim.minibatches == 0, "optim", "minibatches",
-               self.optim.minibatches,
-               f"must divide the rollout batch prompts_per_step*group_size = {batch}")
+        _check(
+            batch % self.optim.minibatches == 0,
+            "optim",
+            "minibatches",
+            self.optim.minibatches,
+            f"must divide the rollout batch prompts_per_step*group_size = {batch}",
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -226,8 +290,10 @@ def from_dict(cls: type, data: dict[str, Any], *, where: str = "") -> Any:
     unknown = sorted(set(data) - set(fields))
     if unknown:
         prefix = f"{where}." if where else ""
-        raise ValueError(f"Unknown config key(s) {[prefix + k for k in unknown]}; valid keys "
-                         f"{('in ' + where) if where else 'at the top level'}: {sorted(fields)}.")
+        raise ValueError(
+            f"Unknown config key(s) {[prefix + k for k in unknown]}; valid keys "
+            f"{('in ' + where) if where else 'at the top level'}: {sorted(fields)}."
+        )
     kwargs = {}
     for key, value in data.items():
         path = f"{where}.{key}" if where else key
@@ -262,8 +328,9 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
         if not math.isfinite(value):
             raise ValueError(f"{path}={value!r} is invalid: must be a finite number.")
         return float(value)
-    if tp in (int, str, bool) and not (isinstance(value, tp) and
-                                      (tp is bool or not isinstance(value, bool))):
+    if tp in (int, str, bool) and not (
+        isinstance(value, tp) and (tp is bool or not isinstance(value, bool))
+    ):
         raise ValueError(f"{path}={value!r} has the wrong type: expected {tp.__name__}.")
     if tp is float and not isinstance(value, float):
         raise ValueError(f"{path}={value!r} has the wrong type: expected a number.")
@@ -286,8 +353,9 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         try:
             node[keys[-1]] = yaml.safe_load(raw)
         except yaml.YAMLError as e:
-            raise ValueError(f"--set {item!r}: the value is not valid YAML: "
-                             f"{_yaml_error(e)}.") from None
+            raise ValueError(
+                f"--set {item!r}: the value is not valid YAML: {_yaml_error(e)}."
+            ) from None
     return data
 
 

@@ -30,16 +30,24 @@ _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _LAYER_NAMES = {
     "input_norm": "input_layernorm.weight",
     "post_norm": "post_attention_layernorm.weight",
-    "q_proj": "self_attn.q_proj.weight", "k_proj": "self_attn.k_proj.weight",
-    "v_proj": "self_attn.v_proj.weight", "o_proj": "self_attn.o_proj.weight",
-    "q_bias": "self_attn.q_proj.bias", "k_bias": "self_attn.k_proj.bias",
+    "q_proj": "self_attn.q_proj.weight",
+    "k_proj": "self_attn.k_proj.weight",
+    "v_proj": "self_attn.v_proj.weight",
+    "o_proj": "self_attn.o_proj.weight",
+    "q_bias": "self_attn.q_proj.bias",
+    "k_bias": "self_attn.k_proj.bias",
     "v_bias": "self_attn.v_proj.bias",
-    "q_norm": "self_attn.q_norm.weight", "k_norm": "self_attn.k_norm.weight",
-    "gate_proj": "mlp.gate_proj.weight", "up_proj": "mlp.up_proj.weight",
+    "q_norm": "self_attn.q_norm.weight",
+    "k_norm": "self_attn.k_norm.weight",
+    "gate_proj": "mlp.gate_proj.weight",
+    "up_proj": "mlp.up_proj.weight",
     "down_proj": "mlp.down_proj.weight",
 }
-_TOP_NAMES = {"embed": "model.embed_tokens.weight", "final_norm": "model.norm.weight",
-              "lm_head": "lm_head.weight"}
+_TOP_NAMES = {
+    "embed": "model.embed_tokens.weight",
+    "final_norm": "model.norm.weight",
+    "lm_head": "lm_head.weight",
+}
 
 
 class CheckpointError(ValueError):
@@ -64,8 +72,10 @@ def read_config(path: str | os.PathLike) -> ModelConfig:
     if not Path(path).is_dir():
         raise CheckpointError(f"Checkpoint directory {str(path)!r} does not exist.")
     if not cfg_file.is_file():
-        raise CheckpointError(f"{cfg_file} is missing: a Hugging Face checkpoint directory needs "
-                              "config.json beside its safetensors files.")
+        raise CheckpointError(
+            f"{cfg_file} is missing: a Hugging Face checkpoint directory needs "
+            "config.json beside its safetensors files."
+        )
     try:
         hf = json.loads(cfg_file.read_text())
     except json.JSONDecodeError as e:
@@ -91,8 +101,11 @@ def _weight_files(path: Path) -> list[Path]:
     files = sorted(path.glob("*.safetensors"))
     if not files:
         found = sorted(p.name for p in path.iterdir())
-        extra = " (PyTorch .bin files are not read: no pickle)" if any(
-            f.endswith((".bin", ".pt", ".pth")) for f in found) else ""
+        extra = (
+            " (PyTorch .bin files are not read: no pickle)"
+            if any(f.endswith((".bin", ".pt", ".pth")) for f in found)
+            else ""
+        )
         raise CheckpointError(f"No *.safetensors file in {path}{extra}; it holds {found}.")
     return files
 
@@ -105,8 +118,9 @@ def _read_tensors(files: Sequence[Path]) -> dict[str, np.ndarray]:
                 for name in reader.keys():  # noqa: SIM118 (safe_open has no __iter__)
                     tensors[name] = reader.get_tensor(name)
         except Exception as e:  # safetensors raises its own error types for corrupt headers
-            raise CheckpointError(f"{f} is not a readable safetensors file "
-                                  f"(corrupt or truncated?): {e}.") from None
+            raise CheckpointError(
+                f"{f} is not a readable safetensors file (corrupt or truncated?): {e}."
+            ) from None
     return tensors
 
 
@@ -136,23 +150,27 @@ def load_hf(path: str | os.PathLike, *, dtype=jnp.bfloat16) -> tuple[ModelConfig
         raise CheckpointError(
             f"Checkpoint {path} does not match its config.json ({config.architecture}, "
             f"{config.num_layers} layers, hidden {config.hidden_size}, vocab {config.vocab_size}"
-            f"): " + "; ".join(problems[:8]) + (" ..." if len(problems) > 8 else "") + ".")
+            f"): " + "; ".join(problems[:8]) + (" ..." if len(problems) > 8 else "") + "."
+        )
 
     layers: dict[str, list[np.ndarray]] = {}
     params: dict[str, Any] = {}
     for name, tensor in tensors.items():
         ours = expected[name][0]
         if ours.startswith("layers/"):
-            layers.setdefault(ours[len("layers/"):], []).append((_layer_index(name), tensor))
+            layers.setdefault(ours[len("layers/") :], []).append((_layer_index(name), tensor))
         else:
             params[ours] = jnp.asarray(tensor, dtype=dtype)
-    params["layers"] = {k: jnp.asarray(np.stack([t for _, t in sorted(v, key=lambda p: p[0])]),
-                                       dtype=dtype) for k, v in layers.items()}
+    params["layers"] = {
+        k: jnp.asarray(np.stack([t for _, t in sorted(v, key=lambda p: p[0])]), dtype=dtype)
+        for k, v in layers.items()
+    }
     return config, params
 
 
-def save_hf(path: str | os.PathLike, config: ModelConfig, params: Params, *,
-            max_shard_bytes: int = 4 << 30) -> Path:
+def save_hf(
+    path: str | os.PathLike, config: ModelConfig, params: Params, *, max_shard_bytes: int = 4 << 30
+) -> Path:
     """Write ``params`` as a Hugging Face directory (config.json + safetensors, sharded with an
     index above ``max_shard_bytes``) that `transformers` loads. Returns the directory."""
     path = Path(path)
@@ -177,8 +195,9 @@ def save_hf(path: str | os.PathLike, config: ModelConfig, params: Params, *,
     for old in path.glob("model*.safetensors*"):
         old.unlink()
     if len(shards) == 1:
-        safetensors.numpy.save_file(shards[0], str(path / "model.safetensors"),
-                                    metadata={"format": "pt"})
+        safetensors.numpy.save_file(
+            shards[0], str(path / "model.safetensors"), metadata={"format": "pt"}
+        )
     else:
         weight_map = {}
         for n, shard in enumerate(shards, 1):
@@ -186,8 +205,9 @@ def save_hf(path: str | os.PathLike, config: ModelConfig, params: Params, *,
             safetensors.numpy.save_file(shard, str(path / fname), metadata={"format": "pt"})
             weight_map.update({name: fname for name in shard})
         total = sum(t.nbytes for t in tensors.values())
-        (path / "model.safetensors.index.json").write_text(json.dumps(
-            {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+        (path / "model.safetensors.index.json").write_text(
+            json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
+        )
     (path / "config.json").write_text(json.dumps(config.to_hf_dict(dtype=dtype), indent=2))
     return path
 
@@ -226,14 +246,20 @@ class HFTokenizer:
         except Exception as e:
             raise CheckpointError(f"{file} is not a valid tokenizers file: {e}.") from None
         folder = file.parent
-        self.eos_ids = tuple(_special_ids(folder, "eos_token_id")) or tuple(
-            i for t in ("<|im_end|>", "<|endoftext|>", "</s>")
-            if (i := self._tok.token_to_id(t)) is not None)[:1]
+        self.eos_ids = (
+            tuple(_special_ids(folder, "eos_token_id"))
+            or tuple(
+                i
+                for t in ("<|im_end|>", "<|endoftext|>", "</s>")
+                if (i := self._tok.token_to_id(t)) is not None
+            )[:1]
+        )
         if not self.eos_ids:  # generation could never stop, and demonstrations need one
             raise CheckpointError(
                 f"{file}: no end-of-sequence token: set eos_token_id in generation_config.json "
                 "or config.json beside it, or give the tokenizer <|im_end|>, <|endoftext|> or "
-                "</s>.")
+                "</s>."
+            )
         pad = _special_ids(folder, "pad_token_id")
         self.eos_id = self.eos_ids[0] if self.eos_ids else None
         self.pad_id = pad[0] if pad else (self.eos_id if self.eos_id is not None else 0)
@@ -264,10 +290,12 @@ def check_vocab(tokenizer: Any, config: ModelConfig) -> None:
     if tokenizer.vocab_size > config.vocab_size:
         raise CheckpointError(
             f"Tokenizer vocabulary ({tokenizer.vocab_size} ids) is larger than the model's "
-            f"vocab_size ({config.vocab_size}); they do not belong together.")
+            f"vocab_size ({config.vocab_size}); they do not belong together."
+        )
     special = {"eos_id": tokenizer.eos_id, "pad_id": tokenizer.pad_id}
     outside = {k: v for k, v in special.items() if not 0 <= v < config.vocab_size}
     if outside:
-        raise CheckpointError(f"Tokenizer special id(s) {outside} are outside the model's "
-                              f"vocabulary [0, {config.vocab_size}); they do not belong together.")
-
+        raise CheckpointError(
+            f"Tokenizer special id(s) {outside} are outside the model's "
+            f"vocabulary [0, {config.vocab_size}); they do not belong together."
+        )

@@ -47,8 +47,13 @@ def init_params(config: ModelConfig, key: jax.Array, dtype=jnp.float32) -> Param
     L, D, E, F = c.num_layers, c.hidden_size, c.head_dim, c.intermediate_size
     HE, KE = c.num_heads * E, c.num_kv_heads * E
     shapes = {
-        "q_proj": (L, HE, D), "k_proj": (L, KE, D), "v_proj": (L, KE, D), "o_proj": (L, D, HE),
-        "gate_proj": (L, F, D), "up_proj": (L, F, D), "down_proj": (L, D, F),
+        "q_proj": (L, HE, D),
+        "k_proj": (L, KE, D),
+        "v_proj": (L, KE, D),
+        "o_proj": (L, D, HE),
+        "gate_proj": (L, F, D),
+        "up_proj": (L, F, D),
+        "down_proj": (L, D, F),
     }
     keys = iter(jax.random.split(key, len(shapes) + 2))
     normal = lambda shape: (0.02 * jax.random.normal(next(keys), shape)).astype(dtype)  # noqa: E731
@@ -62,8 +67,11 @@ def init_params(config: ModelConfig, key: jax.Array, dtype=jnp.float32) -> Param
         layers["q_bias"] = jnp.zeros((L, HE), dtype)
         layers["k_bias"] = jnp.zeros((L, KE), dtype)
         layers["v_bias"] = jnp.zeros((L, KE), dtype)
-    params = {"embed": normal((c.vocab_size, D)), "final_norm": jnp.ones((D,), dtype),
-              "layers": layers}
+    params = {
+        "embed": normal((c.vocab_size, D)),
+        "final_norm": jnp.ones((D,), dtype),
+        "layers": layers,
+    }
     if not c.tie_embeddings:
         params["lm_head"] = normal((c.vocab_size, D))
     return params
@@ -76,8 +84,10 @@ def param_shapes(config: ModelConfig, dtype=jnp.bfloat16) -> Params:
 
 def cast_params(params: Params, dtype) -> Params:
     """Cast floating-point arrays to ``dtype``; quantized weights (`QArray`) are left alone."""
+
     def cast(x):
         return x if isinstance(x, QArray) else x.astype(dtype)
+
     return jax.tree_util.tree_map(cast, params, is_leaf=lambda x: isinstance(x, QArray))
 
 
@@ -102,14 +112,16 @@ def rope(x_BSNE: jax.Array, positions_BS: jax.Array, theta: float) -> jax.Array:
     return x_BSNE * cos + jnp.concatenate([-x2, x1], axis=-1) * sin
 
 
-def attention(q_BSHE: jax.Array, k_BTKE: jax.Array, v_BTKE: jax.Array,
-              allowed_BST: jax.Array) -> jax.Array:
+def attention(
+    q_BSHE: jax.Array, k_BTKE: jax.Array, v_BTKE: jax.Array, allowed_BST: jax.Array
+) -> jax.Array:
     """Grouped-query softmax attention (R = H // K query heads per kv head), float32 softmax."""
     B, S, H, E = q_BSHE.shape
     K = k_BTKE.shape[2]
     q_BSKRE = q_BSHE.reshape(B, S, K, H // K, E)
-    scores_BKRST = jnp.einsum("bskre,btke->bkrst", q_BSKRE, k_BTKE,
-                              preferred_element_type=jnp.float32) * (E ** -0.5)
+    scores_BKRST = jnp.einsum(
+        "bskre,btke->bkrst", q_BSKRE, k_BTKE, preferred_element_type=jnp.float32
+    ) * (E**-0.5)
     scores_BKRST = jnp.where(allowed_BST[:, None, None], scores_BKRST, _MASKED)
     probs_BKRST = jax.nn.softmax(scores_BKRST, axis=-1).astype(v_BTKE.dtype)
     out_BSKRE = jnp.einsum("bkrst,btke->bskre", probs_BKRST, v_BTKE)
@@ -122,16 +134,21 @@ def _qkv(lp: Params, c: ModelConfig, x_BSD, positions_BS, row_mask_BS):
     k = linear(x_BSD, lp["k_proj"], row_mask=row_mask_BS)
     v = linear(x_BSD, lp["v_proj"], row_mask=row_mask_BS)
     if c.attention_bias:
-        q, k, v = (a + jnp.broadcast_to(lp[f"{n}_bias"].astype(a.dtype), a.shape)
-                   for a, n in ((q, "q"), (k, "k"), (v, "v")))
+        q, k, v = (
+            a + jnp.broadcast_to(lp[f"{n}_bias"].astype(a.dtype), a.shape)
+            for a, n in ((q, "q"), (k, "k"), (v, "v"))
+        )
     q_BSHE = q.reshape(B, S, c.num_heads, c.head_dim)
     k_BSKE = k.reshape(B, S, c.num_kv_heads, c.head_dim)
     v_BSKE = v.reshape(B, S, c.num_kv_heads, c.head_dim)
     if c.qk_norm:
         q_BSHE = rms_norm(q_BSHE, lp["q_norm"], c.rms_norm_eps)
         k_BSKE = rms_norm(k_BSKE, lp["k_norm"], c.rms_norm_eps)
-    return (rope(q_BSHE, positions_BS, c.rope_theta), rope(k_BSKE, positions_BS, c.rope_theta),
-            v_BSKE)
+    return (
+        rope(q_BSHE, positions_BS, c.rope_theta),
+        rope(k_BSKE, positions_BS, c.rope_theta),
+        v_BSKE,
+    )
 
 
 def _mlp(lp: Params, x_BSD, row_mask_BS):
@@ -169,8 +186,14 @@ def positions_from_mask(mask_BS: jax.Array, offset_B: jax.Array | int = 0) -> ja
 # ---- full sequence ------------------------------------------------------------------------------
 
 
-def forward(params: Params, config: ModelConfig, tokens_BS: jax.Array,
-            mask_BS: jax.Array | None = None, *, return_hidden: bool = False) -> jax.Array:
+def forward(
+    params: Params,
+    config: ModelConfig,
+    tokens_BS: jax.Array,
+    mask_BS: jax.Array | None = None,
+    *,
+    return_hidden: bool = False,
+) -> jax.Array:
     """Logits ``[B, S, V]`` (float32) of a left-padded batch; ``mask_BS`` marks valid tokens.
 
     Padded positions give finite values that no valid position depends on.
@@ -211,13 +234,22 @@ class KVCache:
 
 def init_cache(config: ModelConfig, batch: int, max_len: int, dtype=jnp.bfloat16) -> KVCache:
     shape = (config.num_layers, batch, max_len, config.num_kv_heads, config.head_dim)
-    return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
-                   valid=jnp.zeros((batch, max_len), bool),
-                   next_pos=jnp.zeros((batch,), jnp.int32), index=jnp.zeros((), jnp.int32))
+    return KVCache(
+        k=jnp.zeros(shape, dtype),
+        v=jnp.zeros(shape, dtype),
+        valid=jnp.zeros((batch, max_len), bool),
+        next_pos=jnp.zeros((batch,), jnp.int32),
+        index=jnp.zeros((), jnp.int32),
+    )
 
 
-def forward_cached(params: Params, config: ModelConfig, tokens_BS: jax.Array, cache: KVCache,
-                   mask_BS: jax.Array | None = None) -> tuple[jax.Array, KVCache]:
+def forward_cached(
+    params: Params,
+    config: ModelConfig,
+    tokens_BS: jax.Array,
+    cache: KVCache,
+    mask_BS: jax.Array | None = None,
+) -> tuple[jax.Array, KVCache]:
     """Append ``tokens_BS`` to the cache and return their logits ``[B, S, V]`` (float32).
 
     ``mask_BS`` marks real tokens (left padding in a prefill; finished rows in a decode step):
@@ -237,17 +269,29 @@ def forward_cached(params: Params, config: ModelConfig, tokens_BS: jax.Array, ca
     k_cache, v_cache = cache.k, cache.v
     x_BSD = jnp.take(params["embed"], tokens_BS, axis=0)
     for i in range(config.num_layers):
+
         def attend(q_BSHE, k_BSKE, v_BSKE, i=i):
             nonlocal k_cache, v_cache
             k_cache = jax.lax.dynamic_update_slice(
-                k_cache, k_BSKE[None].astype(k_cache.dtype), (i, 0, start, 0, 0))
+                k_cache, k_BSKE[None].astype(k_cache.dtype), (i, 0, start, 0, 0)
+            )
             v_cache = jax.lax.dynamic_update_slice(
-                v_cache, v_BSKE[None].astype(v_cache.dtype), (i, 0, start, 0, 0))
-            return attention(q_BSHE, k_cache[i].astype(q_BSHE.dtype),
-                             v_cache[i].astype(q_BSHE.dtype), allowed_BST)
+                v_cache, v_BSKE[None].astype(v_cache.dtype), (i, 0, start, 0, 0)
+            )
+            return attention(
+                q_BSHE,
+                k_cache[i].astype(q_BSHE.dtype),
+                v_cache[i].astype(q_BSHE.dtype),
+                allowed_BST,
+            )
+
         x_BSD = _layer(_layer_params(params, i), config, x_BSD, positions_BS, mask_BS, attend)
     logits_BSV = _logits(params, config, x_BSD, mask_BS)
-    new_cache = KVCache(k=k_cache, v=v_cache, valid=valid_BT,
-                        next_pos=cache.next_pos + mask_BS.sum(-1, dtype=jnp.int32),
-                        index=start + S)
+    new_cache = KVCache(
+        k=k_cache,
+        v=v_cache,
+        valid=valid_BT,
+        next_pos=cache.next_pos + mask_BS.sum(-1, dtype=jnp.int32),
+        index=start + S,
+    )
     return logits_BSV, new_cache

@@ -37,8 +37,16 @@ class ModelConfig:
     max_position_embeddings: int = 40_960
 
     def __post_init__(self):
-        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
-                     "head_dim", "intermediate_size", "max_position_embeddings"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "intermediate_size",
+            "max_position_embeddings",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"ModelConfig.{name} must be a positive integer, got {value!r}.")
@@ -52,11 +60,15 @@ class ModelConfig:
         if not self.rope_theta > 0:
             raise ValueError(f"ModelConfig.rope_theta must be > 0, got {self.rope_theta!r}.")
         if self.qk_norm and self.attention_bias:
-            raise ValueError("ModelConfig: attention_bias=True with qk_norm=True (Qwen3) is not "
-                             "supported; Qwen3 checkpoints have no attention biases.")
+            raise ValueError(
+                "ModelConfig: attention_bias=True with qk_norm=True (Qwen3) is not "
+                "supported; Qwen3 checkpoints have no attention biases."
+            )
         if not self.qk_norm and not self.attention_bias:
-            raise ValueError("ModelConfig: qk_norm=False (Qwen2) needs attention_bias=True; "
-                             "Qwen2 checkpoints always carry q/k/v biases.")
+            raise ValueError(
+                "ModelConfig: qk_norm=False (Qwen2) needs attention_bias=True; "
+                "Qwen2 checkpoints always carry q/k/v biases."
+            )
         if not self.rms_norm_eps > 0:
             raise ValueError(f"ModelConfig.rms_norm_eps must be > 0, got {self.rms_norm_eps!r}.")
 
@@ -77,44 +89,89 @@ class ModelConfig:
     # ---- presets -------------------------------------------------------------------------
     @classmethod
     def qwen3_0p6b(cls) -> ModelConfig:
-        return cls(vocab_size=151_936, hidden_size=1024, num_layers=28, num_heads=16,
-                   num_kv_heads=8, head_dim=128, intermediate_size=3072)
+        return cls(
+            vocab_size=151_936,
+            hidden_size=1024,
+            num_layers=28,
+            num_heads=16,
+            num_kv_heads=8,
+            head_dim=128,
+            intermediate_size=3072,
+        )
 
     @classmethod
     def qwen3_1p7b(cls) -> ModelConfig:
-        return cls(vocab_size=151_936, hidden_size=2048, num_layers=28, num_heads=16,
-                   num_kv_heads=8, head_dim=128, intermediate_size=6144)
+        return cls(
+            vocab_size=151_936,
+            hidden_size=2048,
+            num_layers=28,
+            num_heads=16,
+            num_kv_heads=8,
+            head_dim=128,
+            intermediate_size=6144,
+        )
 
     @classmethod
     def qwen3_4b(cls) -> ModelConfig:
-        return cls(vocab_size=151_936, hidden_size=2560, num_layers=36, num_heads=32,
-                   num_kv_heads=8, head_dim=128, intermediate_size=9728)
+        return cls(
+            vocab_size=151_936,
+            hidden_size=2560,
+            num_layers=36,
+            num_heads=32,
+            num_kv_heads=8,
+            head_dim=128,
+            intermediate_size=9728,
+        )
 
     @classmethod
     def qwen3_8b(cls) -> ModelConfig:
-        return cls(vocab_size=151_936, hidden_size=4096, num_layers=36, num_heads=32,
-                   num_kv_heads=8, head_dim=128, intermediate_size=12288, tie_embeddings=False)
+        return cls(
+            vocab_size=151_936,
+            hidden_size=4096,
+            num_layers=36,
+            num_heads=32,
+            num_kv_heads=8,
+            head_dim=128,
+            intermediate_size=12288,
+            tie_embeddings=False,
+        )
 
     @classmethod
     def tiny(cls, vocab_size: int = 512) -> ModelConfig:
         """The benchmark's "tiny" shape (about 1M parameters with a 512 vocabulary)."""
-        return cls(vocab_size=vocab_size, hidden_size=128, num_layers=4, num_heads=4,
-                   num_kv_heads=2, head_dim=32, intermediate_size=384, max_position_embeddings=4096)
+        return cls(
+            vocab_size=vocab_size,
+            hidden_size=128,
+            num_layers=4,
+            num_heads=4,
+            num_kv_heads=2,
+            head_dim=32,
+            intermediate_size=384,
+            max_position_embeddings=4096,
+        )
 
     @classmethod
     def small(cls, vocab_size: int = 32_000) -> ModelConfig:
         """The benchmark's "small" shape (about 40M parameters with a 32k vocabulary)."""
-        return cls(vocab_size=vocab_size, hidden_size=512, num_layers=8, num_heads=8,
-                   num_kv_heads=4, head_dim=64, intermediate_size=1536,
-                   max_position_embeddings=4096)
+        return cls(
+            vocab_size=vocab_size,
+            hidden_size=512,
+            num_layers=8,
+            num_heads=8,
+            num_kv_heads=4,
+            head_dim=64,
+            intermediate_size=1536,
+            max_position_embeddings=4096,
+        )
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> ModelConfig:
         """Build a preset by name (``"qwen3-8b"``, ``"tiny"``, ...) with field overrides."""
         key = name.lower().replace("-", "_").replace(".", "p")
         if key not in PRESETS:
-            valid = [k.replace("_", "-").replace("0p6", "0.6").replace("1p7", "1.7")
-                     for k in PRESETS]
+            valid = [
+                k.replace("_", "-").replace("0p6", "0.6").replace("1p7", "1.7") for k in PRESETS
+            ]
             raise ValueError(f"Unknown model preset {name!r}; valid presets: {valid}.")
         return dataclasses.replace(getattr(cls, PRESETS[key])(), **overrides)
 
@@ -123,15 +180,29 @@ class ModelConfig:
     def from_hf_dict(cls, hf: dict[str, Any], *, source: str = "config.json") -> ModelConfig:
         """Map a Hugging Face `config.json` dict onto a ModelConfig (clear error on mismatch)."""
         archs = hf.get("architectures") or []
-        arch = archs[0] if archs else {"qwen3": ARCHITECTURES[0], "qwen2": ARCHITECTURES[1]}.get(
-            hf.get("model_type", ""), None)
+        arch = (
+            archs[0]
+            if archs
+            else {"qwen3": ARCHITECTURES[0], "qwen2": ARCHITECTURES[1]}.get(
+                hf.get("model_type", ""), None
+            )
+        )
         if arch not in ARCHITECTURES:
             raise ValueError(
                 f"{source}: unsupported architecture {arch!r} (model_type "
                 f"{hf.get('model_type')!r}); ais_jax loads {list(ARCHITECTURES)}."
             )
-        missing = [k for k in ("vocab_size", "hidden_size", "num_hidden_layers",
-                               "num_attention_heads", "intermediate_size") if k not in hf]
+        missing = [
+            k
+            for k in (
+                "vocab_size",
+                "hidden_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+                "intermediate_size",
+            )
+            if k not in hf
+        ]
         if missing:
             raise ValueError(f"{source}: required field(s) {missing} missing for {arch}.")
         rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
@@ -139,8 +210,10 @@ class ModelConfig:
         if rope_type not in ("default", None):
             raise ValueError(f"{source}: rope_type {rope_type!r} is not supported; only 'default'.")
         if hf.get("use_sliding_window"):
-            raise ValueError(f"{source}: use_sliding_window=true is not supported; ais_jax "
-                             "implements full attention only.")
+            raise ValueError(
+                f"{source}: use_sliding_window=true is not supported; ais_jax "
+                "implements full attention only."
+            )
         rope_theta = rope.get("rope_theta", hf.get("rope_theta", 10_000.0))
         heads = hf["num_attention_heads"]
         qwen3 = arch == ARCHITECTURES[0]

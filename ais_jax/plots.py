@@ -11,8 +11,10 @@ from pathlib import Path
 
 PANELS = {
     "reward.png": ("Reward", ["reward/mean", "reward/accuracy"]),
-    "ais.png": ("AIS coefficients", ["ais/alpha", "ais/alpha_ess", "ais/alpha_mis",
-                                     "ais/alpha_var"]),
+    "ais.png": (
+        "AIS coefficients",
+        ["ais/alpha", "ais/alpha_ess", "ais/alpha_mis", "ais/alpha_var"],
+    ),
     "ess.png": ("Effective sample size ratio", ["ais/ess_ratio", "mismatch/ess_ratio"]),
     "mismatch.png": ("Rollout vs trainer mismatch", ["ais/mismatch", "mismatch/k3"]),
 }

@@ -132,8 +132,9 @@ def _safe_scale(amax: jax.Array, fmt: Format) -> jax.Array:
     return jnp.where(amax > 0, scale, 1.0)
 
 
-def quantize_weight(w_OI: jax.Array, fmt: str = "float8_e4m3fn", *,
-                    act_scaling: str = "tensor") -> QArray:
+def quantize_weight(
+    w_OI: jax.Array, fmt: str = "float8_e4m3fn", *, act_scaling: str = "tensor"
+) -> QArray:
     """Per-tensor quantization of a ``[..., O, I]`` weight (one scale per leading index).
 
     The weight is first rounded to bfloat16, the trainer's compute dtype, so the rollout copy
@@ -148,8 +149,9 @@ def quantize_weight(w_OI: jax.Array, fmt: str = "float8_e4m3fn", *,
     return QArray(quant=quant, scale=scale, fmt=fmt, act_scaling=act_scaling)
 
 
-def quantize_activation(x: jax.Array, fmt: Format, *, act_scaling: str = "tensor",
-                        row_mask: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+def quantize_activation(
+    x: jax.Array, fmt: Format, *, act_scaling: str = "tensor", row_mask: jax.Array | None = None
+) -> tuple[jax.Array, jax.Array]:
     """Dynamic scaling of an activation ``x[..., I]``; returns (codes, scale).
 
     ``scale`` is a scalar (per tensor) or ``[..., 1]`` (per row). ``row_mask[...]`` (bool)
@@ -166,8 +168,9 @@ def quantize_activation(x: jax.Array, fmt: Format, *, act_scaling: str = "tensor
     return round_to_format(x32 / scale, fmt), scale
 
 
-def linear(x: jax.Array, w: jax.Array | QArray, *, row_mask: jax.Array | None = None,
-           out_dtype=None) -> jax.Array:
+def linear(
+    x: jax.Array, w: jax.Array | QArray, *, row_mask: jax.Array | None = None, out_dtype=None
+) -> jax.Array:
     """``y[..., O] = x[..., I] @ w[O, I]^T``; the one matmul of the model.
 
     A plain array ``w`` runs in ``x.dtype`` (bf16 or f32 trainer path). A `QArray` runs the
@@ -176,8 +179,7 @@ def linear(x: jax.Array, w: jax.Array | QArray, *, row_mask: jax.Array | None = 
     """
     out_dtype = out_dtype or x.dtype
     if not isinstance(w, QArray):
-        return jnp.einsum("...i,oi->...o", x, w.astype(x.dtype),
-                          preferred_element_type=out_dtype)
+        return jnp.einsum("...i,oi->...o", x, w.astype(x.dtype), preferred_element_type=out_dtype)
     fmt = get_format(w.fmt)
     xq, x_scale = quantize_activation(x, fmt, act_scaling=w.act_scaling, row_mask=row_mask)
     y = jnp.einsum("...i,oi->...o", xq, w.quant, preferred_element_type=jnp.float32)
@@ -187,8 +189,13 @@ def linear(x: jax.Array, w: jax.Array | QArray, *, row_mask: jax.Array | None = 
 # ---- whole-tree helpers --------------------------------------------------------------------
 
 
-def quantize_params(params: Mapping[str, Any], fmt: str = "float8_e4m3fn", *,
-                    act_scaling: str = "tensor", lm_head: bool = False) -> dict[str, Any]:
+def quantize_params(
+    params: Mapping[str, Any],
+    fmt: str = "float8_e4m3fn",
+    *,
+    act_scaling: str = "tensor",
+    lm_head: bool = False,
+) -> dict[str, Any]:
     """The rollout copy of trainer params: every linear weight of every layer becomes a
     `QArray`; embeddings, norms and biases stay bfloat16. ``lm_head=True`` also quantizes the
     output projection (a separate quantized copy when embeddings are tied)."""
@@ -198,8 +205,9 @@ def quantize_params(params: Mapping[str, Any], fmt: str = "float8_e4m3fn", *,
     bf16 = lambda a: jnp.asarray(a).astype(jnp.bfloat16)  # noqa: E731
     out = {k: bf16(v) for k, v in params.items() if k != "layers"}
     out["layers"] = {
-        name: (quantize_weight(w, fmt, act_scaling=act_scaling) if name in LINEAR_WEIGHTS
-               else bf16(w))
+        name: (
+            quantize_weight(w, fmt, act_scaling=act_scaling) if name in LINEAR_WEIGHTS else bf16(w)
+        )
         for name, w in params["layers"].items()
     }
     if lm_head:
@@ -208,13 +216,18 @@ def quantize_params(params: Mapping[str, Any], fmt: str = "float8_e4m3fn", *,
     return out
 
 
-def quantize_fp8(params: Mapping[str, Any], *, act_scaling: str = "tensor",
-                 lm_head: bool = False) -> dict[str, Any]:
+def quantize_fp8(
+    params: Mapping[str, Any], *, act_scaling: str = "tensor", lm_head: bool = False
+) -> dict[str, Any]:
     """FP8 E4M3 W8A8 rollout copy (per-tensor weight scales); see `quantize_params`."""
     return quantize_params(params, "float8_e4m3fn", act_scaling=act_scaling, lm_head=lm_head)
 
 
 def tree_bytes(tree: Any) -> int:
     """Bytes held by the arrays of a pytree (QArray codes count at their storage size)."""
-    return int(sum(np.dtype(x.dtype).itemsize * int(np.prod(x.shape))
-                   for x in jax.tree_util.tree_leaves(tree)))
+    return int(
+        sum(
+            np.dtype(x.dtype).itemsize * int(np.prod(x.shape))
+            for x in jax.tree_util.tree_leaves(tree)
+        )
+    )

@@ -57,13 +57,15 @@ def encode_prompts(tokenizer, prompts: list[str], length: int) -> tuple[np.ndarr
     ids = [bos + tokenizer.encode(p) for p in prompts]
     longest = max(len(i) for i in ids)
     if longest > length:
-        raise ValueError(f"A prompt has {longest} tokens, more than rollout.max_prompt_len="
-                         f"{length}; raise max_prompt_len or shorten the task's prompts.")
+        raise ValueError(
+            f"A prompt has {longest} tokens, more than rollout.max_prompt_len="
+            f"{length}; raise max_prompt_len or shorten the task's prompts."
+        )
     tokens = np.full((len(ids), length), tokenizer.pad_id, np.int32)
     mask = np.zeros((len(ids), length), bool)
     for row, seq in enumerate(ids):
-        tokens[row, length - len(seq):] = seq
-        mask[row, length - len(seq):] = True
+        tokens[row, length - len(seq) :] = seq
+        mask[row, length - len(seq) :] = True
     return tokens, mask
 
 
@@ -72,13 +74,15 @@ def encode_responses(tokenizer, texts: list[str], length: int) -> tuple[np.ndarr
     ids = [tokenizer.encode(t) + [tokenizer.eos_id] for t in texts]
     longest = max(len(i) for i in ids)
     if longest > length:
-        raise ValueError(f"A demonstration has {longest} tokens (with EOS), more than "
-                         f"rollout.max_new_tokens={length}; raise max_new_tokens.")
+        raise ValueError(
+            f"A demonstration has {longest} tokens (with EOS), more than "
+            f"rollout.max_new_tokens={length}; raise max_new_tokens."
+        )
     tokens = np.full((len(ids), length), tokenizer.pad_id, np.int32)
     mask = np.zeros((len(ids), length), bool)
     for row, seq in enumerate(ids):
-        tokens[row, :len(seq)] = seq
-        mask[row, :len(seq)] = True
+        tokens[row, : len(seq)] = seq
+        mask[row, : len(seq)] = True
     return tokens, mask
 
 
@@ -94,11 +98,15 @@ def score_responses(task, examples, responses: list[str]) -> np.ndarray:
         try:
             r = float(task.reward(ex, text))
         except Exception as e:
-            raise RewardError(f"Reward function of task {task.name!r} raised {e!r} on prompt "
-                              f"{ex.prompt!r}, response {text!r}.") from e
+            raise RewardError(
+                f"Reward function of task {task.name!r} raised {e!r} on prompt "
+                f"{ex.prompt!r}, response {text!r}."
+            ) from e
         if not np.isfinite(r):
-            raise RewardError(f"Reward function of task {task.name!r} returned {r} on prompt "
-                              f"{ex.prompt!r}, response {text!r}; rewards must be finite.")
+            raise RewardError(
+                f"Reward function of task {task.name!r} returned {r} on prompt "
+                f"{ex.prompt!r}, response {text!r}; rewards must be finite."
+            )
         rewards[i] = r
     return rewards
 
@@ -123,13 +131,23 @@ class Run:
         self._sync_bf16 = shd.sharded_sync(self.mesh, self.state.params, _bf16_rollout(cfg.rollout))
         self._score = shd.sharded_score(self.mesh, self.state.params, self.model_config)
         self._update = shd.sharded_update(
-            self.mesh, self.state, config=self.model_config, optimizer=self.optimizer,
-            optim=cfg.optim, loss_cfg=cfg.loss, correction=self.correction,
-            temperature=cfg.rollout.temperature)
+            self.mesh,
+            self.state,
+            config=self.model_config,
+            optimizer=self.optimizer,
+            optim=cfg.optim,
+            loss_cfg=cfg.loss,
+            correction=self.correction,
+            temperature=cfg.rollout.temperature,
+        )
         self.ref_params = None
         self.key = jax.random.key(cfg.seed)
-        self.prompts = data.prompt_batches(self.task, seed=cfg.seed, num_examples=_pool(self.task),
-                                           batch_size=cfg.rollout.prompts_per_step)
+        self.prompts = data.prompt_batches(
+            self.task,
+            seed=cfg.seed,
+            num_examples=_pool(self.task),
+            batch_size=cfg.rollout.prompts_per_step,
+        )
         self.checkpointer = Checkpointer(safe_path(self.out, "checkpoints"))
 
     def _model(self) -> tuple[ModelConfig, Any]:
@@ -141,8 +159,9 @@ class Run:
             check_vocab(self.tokenizer, config)
             return config, params
         self.tokenizer = CharTokenizer()
-        config = ModelConfig.preset(spec.preset, vocab_size=self.tokenizer.vocab_size,
-                                    **spec.overrides())
+        config = ModelConfig.preset(
+            spec.preset, vocab_size=self.tokenizer.vocab_size, **spec.overrides()
+        )
         return config, init_params(config, jax.random.key(self.cfg.seed))
 
     # -- phases ----------------------------------------------------------------------------------
@@ -153,31 +172,41 @@ class Run:
             return []
         opt = _sft_optimizer(c.sft)
         params, opt_state = self.state.params, opt.init(self.state.params)
-        batches = data.demonstration_batches(self.task, seed=c.seed, num_examples=_pool(self.task),
-                                             batch_size=c.sft.batch_size)
+        batches = data.demonstration_batches(
+            self.task, seed=c.seed, num_examples=_pool(self.task), batch_size=c.sft.batch_size
+        )
         losses = []
         for i in range(c.sft.steps):
             examples = next(batches)
-            pt, pm = encode_prompts(self.tokenizer, [e.prompt for e in examples],
-                                    c.rollout.max_prompt_len)
-            rt, rm = encode_responses(self.tokenizer, [e.demonstration for e in examples],
-                                      c.rollout.max_new_tokens)
-            params, opt_state, loss = sft_step(params, opt_state, pt, pm, rt, rm,
-                                               config=self.model_config, optimizer=opt)
+            pt, pm = encode_prompts(
+                self.tokenizer, [e.prompt for e in examples], c.rollout.max_prompt_len
+            )
+            rt, rm = encode_responses(
+                self.tokenizer, [e.demonstration for e in examples], c.rollout.max_new_tokens
+            )
+            params, opt_state, loss = sft_step(
+                params, opt_state, pt, pm, rt, rm, config=self.model_config, optimizer=opt
+            )
             if progress is not None and (i % 10 == 0 or i == c.sft.steps - 1):
                 losses.append(float(loss))
                 progress(i + 1, c.sft.steps, losses[-1])
         self.state = shd.sharded_init(self.mesh, params, self.optimizer)
         return losses
 
-    def rollout(self, params, prompts: np.ndarray, mask: np.ndarray, key, *,
-                greedy: bool = False) -> Rollout:
+    def rollout(
+        self, params, prompts: np.ndarray, mask: np.ndarray, key, *, greedy: bool = False
+    ) -> Rollout:
         r = self.cfg.rollout
         tree = jax.tree_util.tree_structure(params)
         if tree not in self._generators:
             self._generators[tree] = shd.sharded_generate(
-                self.mesh, params, self.model_config, max_new_tokens=r.max_new_tokens,
-                eos_ids=(self.tokenizer.eos_id,), pad_id=self.tokenizer.pad_id)
+                self.mesh,
+                params,
+                self.model_config,
+                max_new_tokens=r.max_new_tokens,
+                eos_ids=(self.tokenizer.eos_id,),
+                pad_id=self.tokenizer.pad_id,
+            )
         top_k = 1 if greedy else r.top_k or self.model_config.vocab_size
         top_p = 1.0 if greedy or r.top_p is None else r.top_p
         prompts, mask = shd.shard_batch((prompts, mask), self.mesh)
@@ -197,8 +226,9 @@ class Run:
 
         kill_point("rollout", step + 1)
         examples = [ex for ex in next(self.prompts) for _ in range(G)]
-        prompts, prompt_mask = encode_prompts(self.tokenizer, [e.prompt for e in examples],
-                                              c.rollout.max_prompt_len)
+        prompts, prompt_mask = encode_prompts(
+            self.tokenizer, [e.prompt for e in examples], c.rollout.max_prompt_len
+        )
         t0 = time.perf_counter()
         ro = jax.block_until_ready(self.rollout(rollout_params, prompts, prompt_mask, rollout_key))
         times["time/rollout_s"] = time.perf_counter() - t0
@@ -214,18 +244,27 @@ class Run:
 
         t0 = time.perf_counter()
         temperature = jnp.float32(c.rollout.temperature)
-        logp_old, entropy = self._score(self.state.params, ro.prompt_tokens, ro.prompt_mask,
-                                        ro.tokens, ro.mask, temperature)
+        logp_old, entropy = self._score(
+            self.state.params, ro.prompt_tokens, ro.prompt_mask, ro.tokens, ro.mask, temperature
+        )
         logp_ref = None
         if c.loss.kl_coef > 0:
-            logp_ref, _ = self._score(self.ref_params, ro.prompt_tokens, ro.prompt_mask,
-                                      ro.tokens, ro.mask, temperature)
+            logp_ref, _ = self._score(
+                self.ref_params, ro.prompt_tokens, ro.prompt_mask, ro.tokens, ro.mask, temperature
+            )
         jax.block_until_ready(logp_old)
         times["time/score_s"] = time.perf_counter() - t0
 
-        batch = Batch(prompt_tokens=ro.prompt_tokens, prompt_mask=ro.prompt_mask,
-                      tokens=ro.tokens, mask=ro.mask, logp_rollout=ro.logp_plain,
-                      logp_old=logp_old, advantages=advantages, logp_ref=logp_ref)
+        batch = Batch(
+            prompt_tokens=ro.prompt_tokens,
+            prompt_mask=ro.prompt_mask,
+            tokens=ro.tokens,
+            mask=ro.mask,
+            logp_rollout=ro.logp_plain,
+            logp_old=logp_old,
+            advantages=advantages,
+            logp_ref=logp_ref,
+        )
         kill_point("update", step + 1)
         t0 = time.perf_counter()
         self.state, metrics = self._update(self.state, batch, update_key)
@@ -233,12 +272,15 @@ class Run:
         times["time/update_s"] = time.perf_counter() - t0
 
         mask, entropy = shd.host_rows((ro.mask, entropy))
-        out = {"step": step + 1,
-               "reward/mean": float(rewards.mean()), "reward/std": float(rewards.std()),
-               "reward/accuracy": float((rewards >= 1.0).mean()),
-               "response/length_mean": float(lengths.mean()),
-               "response/finished_frac": float(finished.mean()),
-               "policy/entropy": float(entropy[mask].mean()) if mask.any() else 0.0}
+        out = {
+            "step": step + 1,
+            "reward/mean": float(rewards.mean()),
+            "reward/std": float(rewards.std()),
+            "reward/accuracy": float((rewards >= 1.0).mean()),
+            "response/length_mean": float(lengths.mean()),
+            "response/finished_frac": float(finished.mean()),
+            "policy/entropy": float(entropy[mask].mean()) if mask.any() else 0.0,
+        }
         out.update({k: float(v) for k, v in metrics.items()})
         out.update(times)
         return out
@@ -248,26 +290,34 @@ class Run:
         and one sample per prompt at the rollout temperature (``eval/sampled_accuracy``, what
         the RL objective optimises; fixed key, so it is comparable across checkpoints)."""
         c = self.cfg
-        task = self.task if c.task.eval_path is None else make_task(
-            c.task.name, **{**c.task.options, "path": c.task.eval_path})
-        examples = data.eval_examples(task, seed=c.seed,
-                                      num_examples=num_examples or c.task.eval_examples)
+        task = (
+            self.task
+            if c.task.eval_path is None
+            else make_task(c.task.name, **{**c.task.options, "path": c.task.eval_path})
+        )
+        examples = data.eval_examples(
+            task, seed=c.seed, num_examples=num_examples or c.task.eval_examples
+        )
         params = self._sync_bf16(self.state.params)
         greedy, sampled = [], []
         for start in range(0, len(examples), EVAL_BATCH):
-            chunk = list(examples[start:start + EVAL_BATCH])
+            chunk = list(examples[start : start + EVAL_BATCH])
             padded = chunk + [chunk[-1]] * (EVAL_BATCH - len(chunk))  # fixed shapes, no recompile
-            prompts, mask = encode_prompts(self.tokenizer, [e.prompt for e in padded],
-                                           c.rollout.max_prompt_len)
+            prompts, mask = encode_prompts(
+                self.tokenizer, [e.prompt for e in padded], c.rollout.max_prompt_len
+            )
             for out, is_greedy in ((greedy, True), (sampled, False)):
                 ro = self.rollout(params, prompts, mask, jax.random.key(start), greedy=is_greedy)
                 tokens, lengths, finished = shd.host_rows((ro.tokens, ro.lengths, ro.finished))
                 texts = decode_responses(self.tokenizer, tokens, lengths - finished)
-                out.append(score_responses(task, chunk, texts[:len(chunk)]))
+                out.append(score_responses(task, chunk, texts[: len(chunk)]))
         r, rs = np.concatenate(greedy), np.concatenate(sampled)
-        return {"eval/accuracy": float((r >= 1.0).mean()), "eval/reward": float(r.mean()),
-                "eval/sampled_accuracy": float((rs >= 1.0).mean()),
-                "eval/examples": float(len(r))}
+        return {
+            "eval/accuracy": float((r >= 1.0).mean()),
+            "eval/reward": float(r.mean()),
+            "eval/sampled_accuracy": float((rs >= 1.0).mean()),
+            "eval/examples": float(len(r)),
+        }
 
     # -- checkpoints -----------------------------------------------------------------------------
     def save(self) -> None:
@@ -304,9 +354,15 @@ def _sft_optimizer(sft):
     import optax
 
     warmup = max(1, min(50, sft.steps // 10))
-    return optax.adam(optax.warmup_cosine_decay_schedule(
-        0.0, sft.learning_rate, warmup, max(sft.steps, warmup + 1),
-        end_value=0.05 * sft.learning_rate))
+    return optax.adam(
+        optax.warmup_cosine_decay_schedule(
+            0.0,
+            sft.learning_rate,
+            warmup,
+            max(sft.steps, warmup + 1),
+            end_value=0.05 * sft.learning_rate,
+        )
+    )
 
 
 def _pool(task) -> int | None:
@@ -353,9 +409,15 @@ def append_jsonl(path: Path, row: dict[str, Any]) -> None:
 # ---- the whole job ------------------------------------------------------------------------------
 
 
-def run_training(cfg: TrainConfig, out: str | Path, *, resume: bool = False,
-                 fallback: bool = False, show_progress: bool = True,
-                 initial_params: Any = None) -> dict[str, Any]:
+def run_training(
+    cfg: TrainConfig,
+    out: str | Path,
+    *,
+    resume: bool = False,
+    fallback: bool = False,
+    show_progress: bool = True,
+    initial_params: Any = None,
+) -> dict[str, Any]:
     """SFT warm start (fresh runs), then ``cfg.steps`` RL steps with checkpoints, metrics,
     TensorBoard, a progress bar, plots and a held-out evaluation. Returns the summary.
 
@@ -372,8 +434,10 @@ def run_training(cfg: TrainConfig, out: str | Path, *, resume: bool = False,
     metrics_file = safe_path(out, "metrics.jsonl")
     summary: dict[str, Any] = {}
     if not resume and run.checkpointer.steps():
-        raise ValueError(f"{out} already holds checkpoints (steps {run.checkpointer.steps()}); "
-                         "pass --resume to continue that run, or choose another --out.")
+        raise ValueError(
+            f"{out} already holds checkpoints (steps {run.checkpointer.steps()}); "
+            "pass --resume to continue that run, or choose another --out."
+        )
     if resume and run.checkpointer.latest_step() is not None:
         start = run.restore(fallback=fallback)
         _truncate_metrics(metrics_file, start)
@@ -386,8 +450,7 @@ def run_training(cfg: TrainConfig, out: str | Path, *, resume: bool = False,
         bar = tqdm(total=cfg.sft.steps, desc="SFT", disable=not show_progress, leave=False)
         t0 = time.perf_counter()
         if initial_params is None:
-            losses = run.sft(lambda i, n, loss: (bar.update(i - bar.n),
-                                                 bar.set_postfix(loss=loss)))
+            losses = run.sft(lambda i, n, loss: (bar.update(i - bar.n), bar.set_postfix(loss=loss)))
         else:
             losses, run.state = [], shd.sharded_init(run.mesh, initial_params, run.optimizer)
         bar.close()
@@ -399,8 +462,7 @@ def run_training(cfg: TrainConfig, out: str | Path, *, resume: bool = False,
         summary.update({f"initial/{k}": v for k, v in run.evaluate().items()})
         run.save()
     writer = SummaryWriter(str(safe_path(out, "tb")))
-    bar = tqdm(total=cfg.steps, initial=int(run.state.step), desc="GRPO",
-               disable=not show_progress)
+    bar = tqdm(total=cfg.steps, initial=int(run.state.step), desc="GRPO", disable=not show_progress)
     while int(run.state.step) < cfg.steps:
         row = run.step()
         append_jsonl(metrics_file, row)
@@ -408,8 +470,13 @@ def run_training(cfg: TrainConfig, out: str | Path, *, resume: bool = False,
             if k != "step":
                 writer.add_scalar(k, v, row["step"])
         bar.update(1)
-        bar.set_postfix({"reward": f"{row['reward/mean']:.3f}", "alpha": f"{row['ais/alpha']:.2f}",
-                         "ess": f"{row['ais/ess_ratio']:.3f}"})
+        bar.set_postfix(
+            {
+                "reward": f"{row['reward/mean']:.3f}",
+                "alpha": f"{row['ais/alpha']:.2f}",
+                "ess": f"{row['ais/ess_ratio']:.3f}",
+            }
+        )
         if row["step"] % cfg.checkpoint_every == 0 or row["step"] == cfg.steps:
             run.save()
         if cfg.eval_every and row["step"] % cfg.eval_every == 0:
@@ -418,8 +485,11 @@ def run_training(cfg: TrainConfig, out: str | Path, *, resume: bool = False,
     bar.close()
     writer.close()
     summary.update(run.evaluate())
-    rows = [json.loads(line) for line in metrics_file.read_text().splitlines()
-            if line] if metrics_file.exists() else []
+    rows = (
+        [json.loads(line) for line in metrics_file.read_text().splitlines() if line]
+        if metrics_file.exists()
+        else []
+    )
     if rows:
         window = max(1, min(10, len(rows) // 2))  # single steps are noisy: mean of a window
         summary["reward/first"] = float(np.mean([r["reward/mean"] for r in rows[:window]]))
@@ -430,8 +500,10 @@ def run_training(cfg: TrainConfig, out: str | Path, *, resume: bool = False,
     summary["steps"] = int(run.state.step)
     summary_file = safe_path(out, "summary.json")
     prev = json.loads(summary_file.read_text()) if resume and summary_file.exists() else {}
-    summary = {**{k: v for k, v in prev.items() if k.startswith(("initial/", "sft/", "time/sft"))},
-               **summary}
+    summary = {
+        **{k: v for k, v in prev.items() if k.startswith(("initial/", "sft/", "time/sft"))},
+        **summary,
+    }
     summary_file.write_text(json.dumps(summary, indent=2))
     return summary
 

@@ -57,8 +57,9 @@ class Rollout:
     finished: jax.Array
 
 
-def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int = 0,
-                length: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def pad_prompts(
+    prompts: Sequence[Sequence[int]], pad_id: int = 0, length: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Left-pad token lists to ``[B, P]`` (``P`` = ``length`` or the longest prompt)."""
     if len(prompts) == 0:
         raise ValueError("generate needs at least one prompt; got an empty batch.")
@@ -71,8 +72,8 @@ def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int = 0,
     tokens = np.full((len(prompts), length), pad_id, np.int32)
     mask = np.zeros((len(prompts), length), bool)
     for row, p in enumerate(prompts):
-        tokens[row, length - len(p):] = p
-        mask[row, length - len(p):] = True
+        tokens[row, length - len(p) :] = p
+        mask[row, length - len(p) :] = True
     return tokens, mask
 
 
@@ -97,17 +98,33 @@ def _sample(key, logits_BV, temperature, top_k, top_p):
     scaled_BV = logits_BV.astype(jnp.float32) / temperature
     V = scaled_BV.shape[-1]
     needs_filter = (top_k < V) | (top_p < 1.0)
-    filtered_BV = jax.lax.cond(needs_filter, filter_logits, lambda x, k, p: x,
-                               scaled_BV, top_k, top_p)
+    filtered_BV = jax.lax.cond(
+        needs_filter, filter_logits, lambda x, k, p: x, scaled_BV, top_k, top_p
+    )
     token_B = jax.random.categorical(key, filtered_BV, axis=-1).astype(jnp.int32)
     take = lambda lp: jnp.take_along_axis(lp, token_B[:, None], axis=-1)[:, 0]  # noqa: E731
-    return (token_B, take(jax.nn.log_softmax(filtered_BV, axis=-1)),
-            take(jax.nn.log_softmax(scaled_BV, axis=-1)))
+    return (
+        token_B,
+        take(jax.nn.log_softmax(filtered_BV, axis=-1)),
+        take(jax.nn.log_softmax(scaled_BV, axis=-1)),
+    )
 
 
 @functools.partial(jax.jit, static_argnames=("config", "max_new_tokens", "eos_ids", "pad_id"))
-def _generate(params, config, prompt_BP, prompt_mask_BP, key, temperature, top_k, top_p, *,
-              max_new_tokens, eos_ids, pad_id):
+def _generate(
+    params,
+    config,
+    prompt_BP,
+    prompt_mask_BP,
+    key,
+    temperature,
+    top_k,
+    top_p,
+    *,
+    max_new_tokens,
+    eos_ids,
+    pad_id,
+):
     B, P = prompt_BP.shape
     T = max_new_tokens
     cache = init_cache(config, B, P + T, params["embed"].dtype)
@@ -116,8 +133,9 @@ def _generate(params, config, prompt_BP, prompt_mask_BP, key, temperature, top_k
 
     def emit(state, t, logits_BV):
         tokens, mask, logp, logp_plain, done, _ = state
-        token_B, lp_B, lpp_B = _sample(jax.random.fold_in(key, t), logits_BV, temperature,
-                                       top_k, top_p)
+        token_B, lp_B, lpp_B = _sample(
+            jax.random.fold_in(key, t), logits_BV, temperature, top_k, top_p
+        )
         live_B = ~done
         token_B = jnp.where(live_B, token_B, pad_id)
         write = lambda buf, v: jax.lax.dynamic_update_slice(buf, v[:, None], (0, t))  # noqa: E731
@@ -128,9 +146,14 @@ def _generate(params, config, prompt_BP, prompt_mask_BP, key, temperature, top_k
         done = done | (live_B & jnp.isin(token_B, eos_E))
         return (tokens, mask, logp, logp_plain, done, token_B)
 
-    state = (jnp.full((B, T), pad_id, jnp.int32), jnp.zeros((B, T), bool),
-             jnp.zeros((B, T), jnp.float32), jnp.zeros((B, T), jnp.float32),
-             jnp.zeros((B,), bool), jnp.zeros((B,), jnp.int32))
+    state = (
+        jnp.full((B, T), pad_id, jnp.int32),
+        jnp.zeros((B, T), bool),
+        jnp.zeros((B, T), jnp.float32),
+        jnp.zeros((B, T), jnp.float32),
+        jnp.zeros((B,), bool),
+        jnp.zeros((B,), jnp.int32),
+    )
     state = emit(state, 0, logits_BPV[:, -1])
 
     def cond(carry):
@@ -144,16 +167,34 @@ def _generate(params, config, prompt_BP, prompt_mask_BP, key, temperature, top_k
         return t + 1, cache, emit(state, t, logits_B1V[:, 0])
 
     _, _, (tokens, mask, logp, logp_plain, done, _) = jax.lax.while_loop(
-        cond, body, (jnp.asarray(1, jnp.int32), cache, state))
-    return Rollout(prompt_tokens=prompt_BP, prompt_mask=prompt_mask_BP, tokens=tokens,
-                   mask=mask, logp=logp, logp_plain=logp_plain,
-                   lengths=mask.sum(-1, dtype=jnp.int32), finished=done)
+        cond, body, (jnp.asarray(1, jnp.int32), cache, state)
+    )
+    return Rollout(
+        prompt_tokens=prompt_BP,
+        prompt_mask=prompt_mask_BP,
+        tokens=tokens,
+        mask=mask,
+        logp=logp,
+        logp_plain=logp_plain,
+        lengths=mask.sum(-1, dtype=jnp.int32),
+        finished=done,
+    )
 
 
-def generate(params: Params, config: ModelConfig, prompts, key: jax.Array, *,
-             max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-             top_p: float | None = None, eos_ids: Sequence[int] = (), pad_id: int = 0,
-             prompt_mask=None) -> Rollout:
+def generate(
+    params: Params,
+    config: ModelConfig,
+    prompts,
+    key: jax.Array,
+    *,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    eos_ids: Sequence[int] = (),
+    pad_id: int = 0,
+    prompt_mask=None,
+) -> Rollout:
     """Sample up to ``max_new_tokens`` tokens after each prompt.
 
     ``prompts`` is a list of token-id lists (left-padded here) or a ``[B, P]`` array with its
@@ -173,18 +214,28 @@ def generate(params: Params, config: ModelConfig, prompts, key: jax.Array, *,
             prompts, prompt_mask = pad_prompts(prompts, pad_id)
     prompts = jnp.asarray(prompts, jnp.int32)
     if prompts.ndim != 2 or 0 in prompts.shape:
-        raise ValueError(f"prompts must be a [B, P] array with B, P >= 1; got shape "
-                         f"{prompts.shape} (an empty batch or an empty prompt).")
+        raise ValueError(
+            f"prompts must be a [B, P] array with B, P >= 1; got shape "
+            f"{prompts.shape} (an empty batch or an empty prompt)."
+        )
     if prompts.shape[1] + max_new_tokens > config.max_position_embeddings:
         raise ValueError(
             f"Prompt length {prompts.shape[1]} + max_new_tokens {max_new_tokens} exceeds the "
-            f"model's context (max_position_embeddings={config.max_position_embeddings}).")
-    return _generate(params, config, prompts, jnp.asarray(prompt_mask, bool), key,
-                     jnp.float32(temperature),
-                     jnp.int32(config.vocab_size if top_k is None else top_k),
-                     jnp.float32(1.0 if top_p is None else top_p),
-                     max_new_tokens=int(max_new_tokens),
-                     eos_ids=tuple(int(e) for e in eos_ids), pad_id=int(pad_id))
+            f"model's context (max_position_embeddings={config.max_position_embeddings})."
+        )
+    return _generate(
+        params,
+        config,
+        prompts,
+        jnp.asarray(prompt_mask, bool),
+        key,
+        jnp.float32(temperature),
+        jnp.int32(config.vocab_size if top_k is None else top_k),
+        jnp.float32(1.0 if top_p is None else top_p),
+        max_new_tokens=int(max_new_tokens),
+        eos_ids=tuple(int(e) for e in eos_ids),
+        pad_id=int(pad_id),
+    )
 
 
 def _check_sampling(temperature, top_k, top_p, vocab_size):
@@ -201,9 +252,17 @@ def _check_sampling(temperature, top_k, top_p, vocab_size):
 # ---- trainer-side scoring ---------------------------------------------------------------------
 
 
-def token_logprobs(params: Params, config: ModelConfig, prompt_tokens_BP, prompt_mask_BP,
-                   tokens_BT, mask_BT, *, temperature: float | jax.Array = 1.0,
-                   return_entropy: bool = False):
+def token_logprobs(
+    params: Params,
+    config: ModelConfig,
+    prompt_tokens_BP,
+    prompt_mask_BP,
+    tokens_BT,
+    mask_BT,
+    *,
+    temperature: float | jax.Array = 1.0,
+    return_entropy: bool = False,
+):
     """Log-probs ``[B, T]`` (float32) of given response tokens under a full-sequence forward.
 
     This is logp_train of SPEC.md: ``log_softmax(logits / temperature)`` over the full

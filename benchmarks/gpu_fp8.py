@@ -84,8 +84,9 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=128)
     args = ap.parse_args()
     if jax.default_backend() != "gpu":
-        print(json.dumps({"skipped": f"no GPU (backend {jax.default_backend()!r}); nothing "
-                                     "measured"}))
+        print(
+            json.dumps({"skipped": f"no GPU (backend {jax.default_backend()!r}); nothing measured"})
+        )
         return
     out: dict = {"device": str(jax.devices()[0]), "jax": jax.__version__}
     check_linear_hlo(out)
@@ -97,20 +98,37 @@ def main() -> None:
     for name, config in shapes.items():
         bf16 = init_params(config, jax.random.key(0), jnp.bfloat16)
         fp8 = quantize_fp8(bf16)
-        lowered = _generate.lower(fp8, config, jnp.zeros((64, args.prompt), jnp.int32),
-                                  jnp.ones((64, args.prompt), bool), jax.random.key(0),
-                                  jnp.float32(1), jnp.int32(config.vocab_size), jnp.float32(1),
-                                  max_new_tokens=args.new, eos_ids=(), pad_id=0)
+        lowered = _generate.lower(
+            fp8,
+            config,
+            jnp.zeros((64, args.prompt), jnp.int32),
+            jnp.ones((64, args.prompt), bool),
+            jax.random.key(0),
+            jnp.float32(1),
+            jnp.int32(config.vocab_size),
+            jnp.float32(1),
+            max_new_tokens=args.new,
+            eos_ids=(),
+            pad_id=0,
+        )
         decode_gemm = gemm_kind(lowered.compile().as_text())
         for batch in (64,) if args.quick else (64, 256):
             row = {"model": name, "batch": batch, "decode_gemm_fp8": decode_gemm}
-            kv_bytes = (2 * config.num_layers * batch * (args.prompt + args.new / 2)
-                        * config.num_kv_heads * config.head_dim * 2)
+            kv_bytes = (
+                2
+                * config.num_layers
+                * batch
+                * (args.prompt + args.new / 2)
+                * config.num_kv_heads
+                * config.head_dim
+                * 2
+            )
             for label, params in (("bf16", bf16), ("fp8", fp8)):
                 r = bench(config, params, batch, args.prompt, args.new, args.repeats)
                 bytes_per_step = tree_bytes(params) + kv_bytes
-                r["roofline_frac"] = bytes_per_step / (r["step_s"] / args.new) / (
-                    out["hbm_gbs"] * 1e9)
+                r["roofline_frac"] = (
+                    bytes_per_step / (r["step_s"] / args.new) / (out["hbm_gbs"] * 1e9)
+                )
                 row[label] = r
             row["fp8_over_bf16"] = row["fp8"]["tokens_per_s"] / row["bf16"]["tokens_per_s"]
             print(json.dumps(row), flush=True)

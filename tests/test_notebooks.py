@@ -35,13 +35,22 @@ class _ThisInterpreter(KernelManager):
 
     def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
         connection_file = os.path.realpath(self.connection_file)
-        return [sys.executable, "-m", "ipykernel_launcher", "-f", connection_file,
-                *(extra_arguments or [])]
+        return [
+            sys.executable,
+            "-m",
+            "ipykernel_launcher",
+            "-f",
+            connection_file,
+            *(extra_arguments or []),
+        ]
 
 
 def test_the_three_notebooks_exist():
     assert [p.name for p in NOTEBOOKS] == [
-        "01_fp8_mismatch.ipynb", "02_ais_walkthrough.ipynb", "03_train_tiny.ipynb"]
+        "01_fp8_mismatch.ipynb",
+        "02_ais_walkthrough.ipynb",
+        "03_train_tiny.ipynb",
+    ]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
@@ -79,8 +88,13 @@ def test_notebook_runs(path, tmp_path):
         resources={"metadata": {"path": str(tmp_path)}},  # the kernel's working directory
     )
     client.execute()  # raises CellExecutionError, with the traceback, at the first failing cell
-    errors = [(i, o.ename, o.evalue) for i, cell in enumerate(nb.cells)
-              if cell.cell_type == "code" for o in cell.outputs if o.output_type == "error"]
+    errors = [
+        (i, o.ename, o.evalue)
+        for i, cell in enumerate(nb.cells)
+        if cell.cell_type == "code"
+        for o in cell.outputs
+        if o.output_type == "error"
+    ]
     assert not errors
     printed = "".join(o.get("text", "") for o in nb.cells[-1].outputs).strip()
     assert printed == sys.executable, "the notebook kernel ran another interpreter"

@@ -12,7 +12,7 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 
 def _snippet() -> str:
     text = README.read_text()
-    section = text[text.index("## Use AIS in your own JAX code"):]
+    section = text[text.index("## Use AIS in your own JAX code") :]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
@@ -36,6 +36,7 @@ def test_readme_ais_snippet_runs_and_both_forms_agree():
     adv_B = grpo.group_advantages(rewards, group_size=8)
     adv_BT, _ = correction(adv_B, logp_old, logp_rollout, mask)
     a, _ = grpo.loss(logp_new, logp_old, adv_BT, mask)
-    b, _ = grpo.loss(logp_new, logp_old, adv_B, mask, correction=correction,
-                     logp_rollout_BT=logp_rollout)
+    b, _ = grpo.loss(
+        logp_new, logp_old, adv_B, mask, correction=correction, logp_rollout_BT=logp_rollout
+    )
     assert float(a) == float(b)

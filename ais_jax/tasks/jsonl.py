@@ -96,8 +96,9 @@ def load_jsonl(
         raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
     path = pathlib.Path(path)
     if not path.is_file():
-        raise ValueError(f"JSONL file {str(path)!r} " + (
-            "is not a file" if path.exists() else "does not exist"))
+        raise ValueError(
+            f"JSONL file {str(path)!r} " + ("is not a file" if path.exists() else "does not exist")
+        )
     examples, skipped, lines = [], [], 0
     with path.open("rb") as f:  # bytes: a line that is not UTF-8 is a bad line like any other
         for line_no, line in enumerate(f, start=1):
