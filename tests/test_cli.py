@@ -269,3 +269,16 @@ def test_console_script_reports_errors_without_a_traceback(tmp_path):
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("ais-jax train: error: rollout.")
+
+
+def test_resume_without_config_continues_the_runs_own_config(trained, tmp_path, capsys):
+    """`train --out DIR --resume` reads DIR/config.yaml, not the embedded quickstart."""
+    import shutil
+
+    run_dir = tmp_path / "copy"
+    shutil.copytree(trained["out"], run_dir)
+    code = main(["train", "--out", str(run_dir), "--resume", "--set", "steps=5", "--no-progress"])
+    assert code == 0, capsys.readouterr().err
+    rows = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+    assert load_config(run_dir / "config.yaml").model.num_layers == 1
