@@ -61,12 +61,7 @@ def encode_prompts(tokenizer, prompts: list[str], length: int) -> tuple[np.ndarr
             f"A prompt has {longest} tokens, more than rollout.max_prompt_len="
             f"{length}; raise max_prompt_len or shorten the task's prompts."
         )
-    tokens = np.full((len(ids), length), tokenizer.pad_id, np.int32)
-    mask = np.zeros((len(ids), length), bool)
-    for row, seq in enumerate(ids):
-        tokens[row, length - len(seq) :] = seq
-        mask[row, length - len(seq) :] = True
-    return tokens, mask
+    return _pad(ids, length, tokenizer.pad_id, left=True)
 
 
 def encode_responses(tokenizer, texts: list[str], length: int) -> tuple[np.ndarray, np.ndarray]:
@@ -78,11 +73,17 @@ def encode_responses(tokenizer, texts: list[str], length: int) -> tuple[np.ndarr
             f"A demonstration has {longest} tokens (with EOS), more than "
             f"rollout.max_new_tokens={length}; raise max_new_tokens."
         )
-    tokens = np.full((len(ids), length), tokenizer.pad_id, np.int32)
+    return _pad(ids, length, tokenizer.pad_id, left=False)
+
+
+def _pad(ids: list[list[int]], length: int, pad_id: int, *, left: bool):
+    """``[N, length]`` int32 tokens and bool mask, padded on the left or the right."""
+    tokens = np.full((len(ids), length), pad_id, np.int32)
     mask = np.zeros((len(ids), length), bool)
     for row, seq in enumerate(ids):
-        tokens[row, : len(seq)] = seq
-        mask[row, : len(seq)] = True
+        cols = slice(length - len(seq), length) if left else slice(0, len(seq))
+        tokens[row, cols] = seq
+        mask[row, cols] = True
     return tokens, mask
 
 
