@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import TINY_RUN
 
 from ais_jax.cli import main
 from ais_jax.config import TrainConfig, dump_config, from_dict, load_config
@@ -30,21 +31,7 @@ from ais_jax.runner import Run
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
 # The same one-layer run as tests/test_train.py's default arm, so one process compiles it once.
-TINY = {
-    "steps": 4,
-    "model": {
-        "num_layers": 1,
-        "hidden_size": 64,
-        "num_heads": 2,
-        "num_kv_heads": 1,
-        "head_dim": 32,
-        "intermediate_size": 128,
-    },
-    "task": {"options": {"ops": ["+", "-"], "min_digits": 1, "max_digits": 1}, "eval_examples": 8},
-    "rollout": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 6, "max_prompt_len": 8},
-    "optim": {"learning_rate": 1e-3},
-    "sft": {"steps": 40, "batch_size": 16, "learning_rate": 1e-2},
-}
+TINY = TINY_RUN
 
 
 class _Records(logging.Handler):

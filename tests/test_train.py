@@ -26,6 +26,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from conftest import TINY_RUN
 
 from ais_jax.checkpoint import Checkpointer
 from ais_jax.cli import main
@@ -39,21 +40,7 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 # steps (well under a second once compiled) teach the model to answer one-digit sums in the right
 # format, so rewards differ within groups and updates have non-zero gradients: nothing here is
 # tested on all-zero advantages (with 2-5 SFT steps every reward is 0 and every update a no-op).
-TINY = {
-    "steps": 4,
-    "model": {
-        "num_layers": 1,
-        "hidden_size": 64,
-        "num_heads": 2,
-        "num_kv_heads": 1,
-        "head_dim": 32,
-        "intermediate_size": 128,
-    },
-    "task": {"options": {"ops": ["+", "-"], "min_digits": 1, "max_digits": 1}, "eval_examples": 8},
-    "rollout": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 6, "max_prompt_len": 8},
-    "optim": {"learning_rate": 1e-3},
-    "sft": {"steps": 40, "batch_size": 16, "learning_rate": 1e-2},
-}
+TINY = TINY_RUN
 
 
 def tiny_config(**sections) -> TrainConfig:
