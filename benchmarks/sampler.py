@@ -23,6 +23,8 @@ headline), decode tokens/s = B * new_tokens / best steady call (the 32-token pre
 the call, as in every engine's public API), the ratio of ais_jax to the faster peer, and the
 fraction of the memory-read roofline: (weight bytes + average KV-cache bytes read per step) /
 step time over the read bandwidth measured here with numpy (a "tiny" model sits in cache).
+Each call's process CPU time is reported too (``tok/cpu-s``): other processes on a shared
+machine inflate wall time, hardly CPU time. ``--ais-src`` benchmarks another ais_jax checkout.
 
     python benchmarks/sampler.py                  # tiny,small x b8,b32 x f32,bf16
     python benchmarks/sampler.py --quick          # smoke run: tiny, b8, bf16, 16 tokens
@@ -206,7 +208,12 @@ def worker_ais_jax(a) -> dict:
         )
         return int(np.asarray(jax.block_until_ready(out.lengths)).min())
 
-    return {**_timed(call, a.repeats), "version": f"jax {jax.__version__}"}
+    import ais_jax
+
+    return {
+        **_timed(call, a.repeats),
+        "version": f"jax {jax.__version__}, ais_jax from {Path(ais_jax.__file__).parent.parent}",
+    }
 
 
 def worker_hf(a) -> dict:
@@ -379,9 +386,8 @@ def spawn(
         str(args.threads),
     ]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TOKENIZERS_PARALLELISM="false")
-    repo = str(Path(__file__).resolve().parent.parent)
-    if worker == "ais_jax":  # the engine under test, importable even when not installed
-        env["PYTHONPATH"] = repo + os.pathsep + env.get("PYTHONPATH", "")
+    if worker == "ais_jax":  # the engine under test, imported from --ais-src (this checkout)
+        env["PYTHONPATH"] = args.ais_src + os.pathsep + env.get("PYTHONPATH", "")
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
     except subprocess.TimeoutExpired:
@@ -410,7 +416,8 @@ def check_interpreters(args, engines) -> dict[str, str]:
             )
             continue
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-        env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
+        if engine == "ais_jax":
+            env["PYTHONPATH"] = args.ais_src + os.pathsep + env.get("PYTHONPATH", "")
         probe = subprocess.run(
             [str(python), "-c", f"import {probes[engine]}"], capture_output=True, text=True, env=env
         )
@@ -460,6 +467,12 @@ def main() -> None:
         help="smoke run: tiny, batch 8, bf16, 16 new tokens, 1 repeat",
     )
     p.add_argument("--ais-python", default=os.environ.get("AIS_BENCH_AIS_PYTHON", sys.executable))
+    p.add_argument(
+        "--ais-src",
+        default=str(Path(__file__).resolve().parent.parent),
+        help="folder holding the ais_jax package to benchmark (default: this "
+        "checkout; point it at another checkout to compare a change)",
+    )
     p.add_argument("--hf-python", default=os.environ.get("AIS_BENCH_HF_PYTHON", sys.executable))
     p.add_argument(
         "--tunix-python",
