@@ -12,6 +12,9 @@ Hugging Face `[out, in]` layout:
             q_norm/k_norm [L, E] (Qwen3)  q_bias [L, H*E]  k_bias/v_bias [L, K*E] (Qwen2)
             post_norm [L, D]  gate_proj/up_proj [L, F, D]  down_proj [L, D, F]
 
+``layers`` may also be a list of L per-layer dicts (`unstack_layers`), which the sampler uses
+inside its decode loop.
+
 Every matmul goes through `quant.linear`, so the same code is the BF16 trainer (plain arrays)
 and the FP8 rollout engine (`QArray` weights). The compute dtype is the embedding's dtype;
 logits are always float32.
@@ -113,19 +116,31 @@ def rope(x_BSNE: jax.Array, positions_BS: jax.Array, theta: float) -> jax.Array:
 
 
 def attention(
-    q_BSHE: jax.Array, k_BTKE: jax.Array, v_BTKE: jax.Array, allowed_BST: jax.Array
+    q_BSHE: jax.Array, k_BKTE: jax.Array, v_BKET: jax.Array, allowed_BST: jax.Array
 ) -> jax.Array:
-    """Grouped-query softmax attention (R = H // K query heads per kv head), float32 softmax."""
+    """Grouped-query softmax attention (R = H // K query heads per kv head), float32 softmax.
+
+    Keys come as ``[B, K, T, E]`` and values as ``[B, K, E, T]``, the KV cache's layouts: both
+    dots then contract their operands' minor dimensions, which is what XLA's batched dots want
+    (no per-step transpose of the cache). The dots take ``q``'s dtype (the cache's) with float32
+    accumulation; the result is in that dtype.
+    """
     B, S, H, E = q_BSHE.shape
-    K = k_BTKE.shape[2]
+    K = k_BKTE.shape[1]
     q_BSKRE = q_BSHE.reshape(B, S, K, H // K, E)
     scores_BKRST = jnp.einsum(
-        "bskre,btke->bkrst", q_BSKRE, k_BTKE, preferred_element_type=jnp.float32
+        "bskre,bkte->bkrst", q_BSKRE, k_BKTE, preferred_element_type=jnp.float32
     ) * (E**-0.5)
     scores_BKRST = jnp.where(allowed_BST[:, None, None], scores_BKRST, _MASKED)
-    probs_BKRST = jax.nn.softmax(scores_BKRST, axis=-1).astype(v_BTKE.dtype)
-    out_BSKRE = jnp.einsum("bkrst,btke->bskre", probs_BKRST, v_BTKE)
+    probs_BKRST = jax.nn.softmax(scores_BKRST, axis=-1).astype(v_BKET.dtype)
+    out_BSKRE = jnp.einsum("bkrst,bket->bskre", probs_BKRST, v_BKET)
     return out_BSKRE.reshape(B, S, H * E)
+
+
+def _cache_layout(k_BSKE: jax.Array, v_BSKE: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Projected keys/values ``[B, S, K, E]`` in `attention`'s layouts: ``[B, K, S, E]`` and
+    ``[B, K, E, S]``."""
+    return k_BSKE.transpose(0, 2, 1, 3), v_BSKE.transpose(0, 2, 3, 1)
 
 
 def _qkv(lp: Params, c: ModelConfig, x_BSD, positions_BS, row_mask_BS):
@@ -167,7 +182,24 @@ def _layer(lp: Params, c: ModelConfig, x_BSD, positions_BS, row_mask_BS, attend)
 
 
 def _layer_params(params: Params, i: int) -> Params:
-    return jax.tree_util.tree_map(lambda a: a[i], params["layers"])
+    layers = params["layers"]
+    if isinstance(layers, list | tuple):  # unstacked (see `unstack_layers`)
+        return layers[i]
+    return jax.tree_util.tree_map(lambda a: a[i], layers)
+
+
+def unstack_layers(params: Params) -> Params:
+    """``params`` with ``layers`` as a list of per-layer trees instead of stacked arrays.
+
+    The model accepts either form. Inside a loop (the sampler's decode loop) unstacking once,
+    before the loop, saves XLA from slicing every stacked weight again at every step; it costs
+    one copy of the layer weights for as long as the unstacked tree lives.
+    """
+    layers = params["layers"]
+    if isinstance(layers, list | tuple):
+        return params
+    num_layers = jax.tree_util.tree_leaves(layers)[0].shape[0]
+    return {**params, "layers": [_layer_params(params, i) for i in range(num_layers)]}
 
 
 def _logits(params: Params, c: ModelConfig, x_BSD, row_mask_BS) -> jax.Array:
@@ -206,7 +238,7 @@ def forward(
     causal_SS = jnp.tril(jnp.ones((S, S), bool))
     allowed_BSS = causal_SS[None] & mask_BS[:, None, :]
     x_BSD = jnp.take(params["embed"], tokens_BS, axis=0)
-    attend = lambda q, k, v: attention(q, k, v, allowed_BSS)  # noqa: E731
+    attend = lambda q, k, v: attention(q, *_cache_layout(k, v), allowed_BSS)  # noqa: E731
     for i in range(config.num_layers):
         x_BSD = _layer(_layer_params(params, i), config, x_BSD, positions_BS, mask_BS, attend)
     if return_hidden:
@@ -221,22 +253,25 @@ def forward(
 class KVCache:
     """Keys/values of every layer for a batch of rows; slots are filled left to right.
 
-    k/v: ``[L, B, T, K, E]``; valid: ``[B, T]`` slots holding a real token; next_pos: ``[B]``
-    position of each row's next token; index: the next free slot (same for every row).
+    k: one ``[B, K, T, E]`` array per layer; v: one ``[B, K, E, T]`` array per layer (the
+    layouts of `attention`; per-layer arrays so a decode step updates and reads each layer's
+    cache in place); valid: ``[B, T]`` slots holding a real token; next_pos: ``[B]`` position of
+    each row's next token; index: the next free slot (same for every row).
     """
 
-    k: jax.Array
-    v: jax.Array
+    k: tuple[jax.Array, ...]
+    v: tuple[jax.Array, ...]
     valid: jax.Array
     next_pos: jax.Array
     index: jax.Array
 
 
 def init_cache(config: ModelConfig, batch: int, max_len: int, dtype=jnp.bfloat16) -> KVCache:
-    shape = (config.num_layers, batch, max_len, config.num_kv_heads, config.head_dim)
+    """An empty cache of ``max_len`` slots per row, in the model's compute ``dtype``."""
+    L, K, E = config.num_layers, config.num_kv_heads, config.head_dim
     return KVCache(
-        k=jnp.zeros(shape, dtype),
-        v=jnp.zeros(shape, dtype),
+        k=tuple(jnp.zeros((batch, K, max_len, E), dtype) for _ in range(L)),
+        v=tuple(jnp.zeros((batch, K, E, max_len), dtype) for _ in range(L)),
         valid=jnp.zeros((batch, max_len), bool),
         next_pos=jnp.zeros((batch,), jnp.int32),
         index=jnp.zeros((), jnp.int32),
@@ -266,17 +301,17 @@ def forward_cached(
     slot_T = jnp.arange(T)
     allowed_BST = valid_BT[:, None, :] & (slot_T[None, :] <= start + jnp.arange(S)[:, None])[None]
 
-    k_cache, v_cache = cache.k, cache.v
+    k_cache, v_cache = list(cache.k), list(cache.v)
     x_BSD = jnp.take(params["embed"], tokens_BS, axis=0)
     for i in range(config.num_layers):
 
         def attend(q_BSHE, k_BSKE, v_BSKE, i=i):
-            nonlocal k_cache, v_cache
-            k_cache = jax.lax.dynamic_update_slice(
-                k_cache, k_BSKE[None].astype(k_cache.dtype), (i, 0, start, 0, 0)
+            k_BKSE, v_BKES = _cache_layout(k_BSKE, v_BSKE)
+            k_cache[i] = jax.lax.dynamic_update_slice(
+                k_cache[i], k_BKSE.astype(k_cache[i].dtype), (0, 0, start, 0)
             )
-            v_cache = jax.lax.dynamic_update_slice(
-                v_cache, v_BSKE[None].astype(v_cache.dtype), (i, 0, start, 0, 0)
+            v_cache[i] = jax.lax.dynamic_update_slice(
+                v_cache[i], v_BKES.astype(v_cache[i].dtype), (0, 0, 0, start)
             )
             return attention(
                 q_BSHE,
@@ -288,8 +323,8 @@ def forward_cached(
         x_BSD = _layer(_layer_params(params, i), config, x_BSD, positions_BS, mask_BS, attend)
     logits_BSV = _logits(params, config, x_BSD, mask_BS)
     new_cache = KVCache(
-        k=k_cache,
-        v=v_cache,
+        k=tuple(k_cache),
+        v=tuple(v_cache),
         valid=valid_BT,
         next_pos=cache.next_pos + mask_BS.sum(-1, dtype=jnp.int32),
         index=start + S,

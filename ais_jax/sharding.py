@@ -66,9 +66,9 @@ LOGICAL_AXES: dict[str, tuple[str, ...] | None] = {
     "k_bias": ("layer", "kv_heads"),
     "v_bias": ("layer", "kv_heads"),
     "scale": None,
-    # KVCache fields: k/v [L, B, T, K, E], valid [B, T], next_pos [B]
-    "k": ("layer", "batch", "cache", "kv_heads", "head_dim"),
-    "v": ("layer", "batch", "cache", "kv_heads", "head_dim"),
+    # KVCache fields: per layer k [B, K, T, E] and v [B, K, E, T], valid [B, T], next_pos [B]
+    "k": ("batch", "kv_heads", "cache", "head_dim"),
+    "v": ("batch", "kv_heads", "head_dim", "cache"),
     "valid": ("batch", "cache"),
     "next_pos": ("batch",),
 }
@@ -269,19 +269,26 @@ def host_rows(tree: Any) -> Any:
 
 
 def host_shard(dataset, options=None):
-    """Every ``shard_count``-th element of a grain ``MapDataset``, from ``shard_index`` on.
+    """`data.host_shard`: this process's share of a grain ``MapDataset`` of per-host batches."""
+    from ais_jax.data import host_shard
 
-    ``options`` is a ``grain.sharding.ShardOptions`` (default ``ShardByJaxProcess()``). Applied
-    to a dataset of per-host batches, process i reads global batches i, i + n, ...: the global
-    batch of a step is the same as a one-process run with an n times larger batch.
-    ``drop_remainder`` trims a finite dataset to a multiple of n first."""
-    if options is None:
-        import grain
+    return host_shard(dataset, options)
 
-        options = grain.sharding.ShardByJaxProcess(drop_remainder=True)
-    if options.drop_remainder:  # every host gets as many elements (no host waits at the end)
-        dataset = dataset[: len(dataset) - len(dataset) % options.shard_count]
-    return dataset[options.shard_index :: options.shard_count]
+
+def all_rows(tree: Any) -> Any:
+    """Every process's rows, in process order, as numpy: for global batch-sharded arrays (their
+    full value) and for this process's host rows (e.g. rewards) alike. With one process it is
+    `np.asarray`. Every process must call it (it is a collective)."""
+    if jax.process_count() == 1:
+        return jax.tree.map(np.asarray, tree)
+    from jax.experimental import multihost_utils
+
+    def gather(x):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            return np.asarray(multihost_utils.process_allgather(x))
+        return np.asarray(multihost_utils.process_allgather(np.asarray(x), tiled=True))
+
+    return jax.tree.map(gather, tree)
 
 
 # ---- the jitted phases --------------------------------------------------------------------------

@@ -122,7 +122,10 @@ def test_optimizer_moments_shard_like_their_params():
 def test_kv_cache_rows_over_data_fsdp_and_heads_over_tensor():
     cache = jax.eval_shape(lambda: init_cache(TINY, 8, 32))
     specs = shd.param_specs(cache, shd.ROLLOUT, SIZES)
-    assert specs.k == specs.v == P(None, ("data", "fsdp"), None, "tensor", None)
+    assert len(specs.k) == len(specs.v) == TINY.num_layers
+    rows, heads = ("data", "fsdp"), "tensor"
+    assert all(k == P(rows, heads, None, None) for k in specs.k)  # [B, K, T, E]
+    assert all(v == P(rows, heads, None, None) for v in specs.v)  # [B, K, E, T]
     assert specs.valid == P(("data", "fsdp"), None) and specs.index == P()
 
 
@@ -142,8 +145,8 @@ def test_a_dimension_the_mesh_does_not_divide_stays_unsharded_on_that_axis():
     assert specs["layers"]["k_proj"] == P(None, None, "fsdp")  # K*E = 16 < 32
     assert specs["layers"]["gate_proj"] == P(None, "tensor", "fsdp")  # 96 % 32 == 0
     cache = jax.eval_shape(lambda: init_cache(odd, 6, 8))
-    assert shd.param_specs(cache, shd.ROLLOUT, {"data": 2, "fsdp": 2, "tensor": 1}).k == P(
-        None, "data", None, "tensor", None
+    assert shd.param_specs(cache, shd.ROLLOUT, {"data": 2, "fsdp": 2, "tensor": 1}).k == (
+        P("data", "tensor", None, None),
     )  # 6 rows: data (2) divides, data x fsdp (4) not
 
 
@@ -262,6 +265,7 @@ CHECKS = [
     "check_fp8_generate",
     "check_checkpoint",
     "check_runner",
+    "check_training_run_reference",
 ]
 MULTIHOST_CHECKS = [
     "check_topology",
@@ -269,6 +273,7 @@ MULTIHOST_CHECKS = [
     "check_global_batch",
     "check_fp8_sync_across_hosts",
     "check_checkpoint_across_hosts",
+    "check_training_run",
 ]
 TIMEOUT_S = 600
 
@@ -317,6 +322,7 @@ def _run_workers(out: Path) -> dict:
         path = out / file
         crashed = {"ok": False, "error": logs.get(name, "")[-4000:], "seconds": None}
         results[name] = json.loads(path.read_text()) if path.exists() else {"crashed": crashed}
+    results["out"] = str(out)
     return results
 
 
@@ -351,3 +357,31 @@ def test_on_two_processes(workers, host, check):
     assert "crashed" in results or sorted(results) == sorted(MULTIHOST_CHECKS)
     result = results.get(check, results.get("crashed"))
     assert result["ok"], f"{host} {check} ({result['seconds']} s):\n{result.get('error')}"
+
+
+def test_two_processes_train_exactly_like_one(workers):
+    """The same run (tests/training_run.py) on one 8-device mesh, spanning two processes or one:
+    the same global batches (each host reads its share), so the same metrics; process 0 alone
+    wrote the files."""
+    for name in ("host0", "host1"):
+        assert workers[name].get("check_training_run", {}).get("ok"), workers[name]
+    assert workers["eight"].get("check_training_run_reference", {}).get("ok"), workers["eight"]
+    out = Path(workers["out"])
+    two, one = out / "run_two_processes", out / "run_one_process"
+    rows_two = [json.loads(x) for x in (two / "metrics.jsonl").read_text().splitlines()]
+    rows_one = [json.loads(x) for x in (one / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows_two] == [1, 2, 3]  # one writer: no duplicated rows
+    for r2, r1 in zip(rows_two, rows_one, strict=True):
+        for key, value in r1.items():
+            if key.startswith("time/"):
+                continue
+            assert r2[key] == pytest.approx(value, rel=1e-5, abs=1e-6), (r1["step"], key)
+    s2, s1 = (json.loads((d / "summary.json").read_text()) for d in (two, one))
+    for key in ("eval/accuracy", "eval/sampled_accuracy", "initial/eval/accuracy"):
+        assert s2[key] == s1[key], key
+    assert (two / "config.yaml").exists() and list((two / "tb").iterdir())
+    assert sorted(int(p.name) for p in (two / "checkpoints").iterdir() if p.name.isdigit()) == [
+        0,
+        2,
+        3,
+    ]
