@@ -49,6 +49,7 @@ __all__ = [
     "eval_examples",
     "example_dataset",
     "example_seed",
+    "host_shard",
     "prompt_batches",
     "prompt_dataset",
 ]
@@ -127,8 +128,12 @@ def prompt_batches(
     num_examples: int | None = None,
     num_epochs: int | None = None,
     read_options: grain.ReadOptions = _NO_PREFETCH,
+    shard_options: grain.sharding.ShardOptions | None = None,
 ) -> grain.DatasetIterator:
     """Iterator over batches of training prompts (split ``"train"``), resumable via state.
+
+    With ``shard_options`` (multi-host: ``grain.sharding.ShardByJaxProcess()``) this host reads
+    its share of the batches (`host_shard`); ``batch_size`` is then the per-host batch.
 
     >>> from ais_jax.tasks import Arithmetic
     >>> it = prompt_batches(Arithmetic(), seed=0, batch_size=2, num_examples=100)
@@ -143,6 +148,8 @@ def prompt_batches(
         split="train",
         num_epochs=num_epochs,
     )
+    if shard_options is not None:
+        dataset = host_shard(dataset, shard_options)
     return iter(dataset.to_iter_dataset(read_options))
 
 
@@ -154,6 +161,7 @@ def demonstration_batches(
     num_examples: int | None = None,
     num_epochs: int | None = None,
     read_options: grain.ReadOptions = _NO_PREFETCH,
+    shard_options: grain.sharding.ShardOptions | None = None,
 ) -> grain.DatasetIterator:
     """Like :func:`prompt_batches` over split ``"sft"``: train on ``prompt + demonstration``.
 
@@ -167,7 +175,27 @@ def demonstration_batches(
         split="sft",
         num_epochs=num_epochs,
     )
+    if shard_options is not None:
+        dataset = host_shard(dataset, shard_options)
     return iter(dataset.to_iter_dataset(read_options))
+
+
+def host_shard(
+    dataset: grain.MapDataset, options: grain.sharding.ShardOptions | None = None
+) -> grain.MapDataset:
+    """Every ``shard_count``-th element of ``dataset``, from ``shard_index`` on.
+
+    ``options`` defaults to ``grain.sharding.ShardByJaxProcess(drop_remainder=True)``. Applied
+    to a dataset of per-host batches, process i reads global batches i, i + n, ...: the global
+    batch of a step is the same as a one-process run with an n times larger batch.
+    ``drop_remainder`` trims a finite dataset to a multiple of n first, so every host gets as
+    many elements (no host waits for the others at the end).
+    """
+    if options is None:
+        options = grain.sharding.ShardByJaxProcess(drop_remainder=True)
+    if options.drop_remainder:
+        dataset = dataset[: len(dataset) - len(dataset) % options.shard_count]
+    return dataset[options.shard_index :: options.shard_count]
 
 
 def eval_examples(task: Task, *, seed: int, num_examples: int | None = None) -> tuple[Example, ...]:

@@ -116,13 +116,23 @@ def score_responses(task, examples, responses: list[str]) -> np.ndarray:
 
 
 class Run:
-    """Everything a training run needs, built from a `TrainConfig`."""
+    """Everything a training run needs, built from a `TrainConfig`.
+
+    Multi-host (one `Run` per process, after `sharding.initialize_distributed`): each process
+    reads its share of every prompt and demonstration batch (`data.host_shard`), samples and
+    rewards its own rows of the global batch, and joins the others in every jitted phase;
+    metrics and accuracies are over the global batch.
+    """
 
     def __init__(self, cfg: TrainConfig, out: str | Path):
         self.cfg = cfg
         self.out = Path(out)
+        self.hosts, self.host = jax.process_count(), jax.process_index()
+        _check_per_host(cfg, self.hosts)
         self.task = make_task(cfg.task.name, **cfg.task.options)
         self.model_config, params = self._model()
+        if self.hosts > 1:  # every process holds the same host copy; each places its shards
+            params = jax.device_get(params)
         self.optimizer = _optimizer(cfg.optim, cfg.steps)
         self.correction = _correction(cfg.correction)
         self.mesh = shd.make_mesh(cfg.mesh)
@@ -147,7 +157,8 @@ class Run:
             self.task,
             seed=cfg.seed,
             num_examples=_pool(self.task),
-            batch_size=cfg.rollout.prompts_per_step,
+            batch_size=cfg.rollout.prompts_per_step // self.hosts,
+            shard_options=self._shard_options(),
         )
         self.checkpointer = Checkpointer(safe_path(self.out, "checkpoints"))
 
@@ -165,6 +176,13 @@ class Run:
         )
         return config, init_params(config, jax.random.key(self.cfg.seed))
 
+    def _shard_options(self):
+        if self.hosts == 1:
+            return None
+        import grain
+
+        return grain.sharding.ShardByJaxProcess(drop_remainder=True)
+
     # -- phases ----------------------------------------------------------------------------------
     def sft(self, progress=None) -> list[float]:
         """Supervised warm start on task demonstrations (its own AdamW, discarded after)."""
@@ -174,7 +192,11 @@ class Run:
         opt = _sft_optimizer(c.sft)
         params, opt_state = self.state.params, opt.init(self.state.params)
         batches = data.demonstration_batches(
-            self.task, seed=c.seed, num_examples=_pool(self.task), batch_size=c.sft.batch_size
+            self.task,
+            seed=c.seed,
+            num_examples=_pool(self.task),
+            batch_size=c.sft.batch_size // self.hosts,
+            shard_options=self._shard_options(),
         )
         losses = []
         for i in range(c.sft.steps):
@@ -185,6 +207,7 @@ class Run:
             rt, rm = encode_responses(
                 self.tokenizer, [e.demonstration for e in examples], c.rollout.max_new_tokens
             )
+            pt, pm, rt, rm = shd.shard_batch((pt, pm, rt, rm), self.mesh)
             params, opt_state, loss = sft_step(
                 params, opt_state, pt, pm, rt, rm, config=self.model_config, optimizer=opt
             )
@@ -272,7 +295,9 @@ class Run:
         metrics = jax.device_get(metrics)
         times["time/update_s"] = time.perf_counter() - t0
 
-        mask, entropy = shd.host_rows((ro.mask, entropy))
+        rewards, lengths, finished, mask, entropy = shd.all_rows(
+            (rewards, lengths, finished, ro.mask, entropy)
+        )
         out = {
             "step": step + 1,
             "reward/mean": float(rewards.mean()),
@@ -300,18 +325,21 @@ class Run:
             task, seed=c.seed, num_examples=num_examples or c.task.eval_examples
         )
         params = self._sync_bf16(self.state.params)
+        rows = EVAL_BATCH // self.hosts  # this process's rows of every eval batch
         greedy, sampled = [], []
         for start in range(0, len(examples), EVAL_BATCH):
             chunk = list(examples[start : start + EVAL_BATCH])
             padded = chunk + [chunk[-1]] * (EVAL_BATCH - len(chunk))  # fixed shapes, no recompile
+            mine = padded[self.host * rows : (self.host + 1) * rows]
             prompts, mask = encode_prompts(
-                self.tokenizer, [e.prompt for e in padded], c.rollout.max_prompt_len
+                self.tokenizer, [e.prompt for e in mine], c.rollout.max_prompt_len
             )
             for out, is_greedy in ((greedy, True), (sampled, False)):
                 ro = self.rollout(params, prompts, mask, jax.random.key(start), greedy=is_greedy)
                 tokens, lengths, finished = shd.host_rows((ro.tokens, ro.lengths, ro.finished))
                 texts = decode_responses(self.tokenizer, tokens, lengths - finished)
-                out.append(score_responses(task, chunk, texts[: len(chunk)]))
+                scores = shd.all_rows(score_responses(task, mine, texts))
+                out.append(scores[: len(chunk)])
         r, rs = np.concatenate(greedy), np.concatenate(sampled)
         return {
             "eval/accuracy": float((r >= 1.0).mean()),
@@ -364,6 +392,22 @@ def _sft_optimizer(sft):
             end_value=0.05 * sft.learning_rate,
         )
     )
+
+
+def _check_per_host(cfg: TrainConfig, hosts: int) -> None:
+    """Every process takes an equal share of each batch."""
+    if hosts == 1:
+        return
+    for name, size in (
+        ("rollout.prompts_per_step", cfg.rollout.prompts_per_step),
+        ("sft.batch_size", cfg.sft.batch_size),
+        ("evaluation batch", EVAL_BATCH),
+    ):
+        if size % hosts:
+            raise ValueError(
+                f"{name}={size} is not divisible by the number of processes ({hosts}): "
+                "each process takes an equal share of every batch."
+            )
 
 
 def _pool(task) -> int | None:
@@ -432,6 +476,11 @@ def run_training(
     out = Path(out)
     shd.initialize_distributed(cfg.distributed)  # before any other JAX call
     run = Run(cfg, out)
+    # Multi-host: every process computes every phase and saves its checkpoint shards (``out``
+    # must be storage they share); process 0 alone writes the config, metrics, TensorBoard
+    # events, plots and summary, and shows progress.
+    primary = run.host == 0
+    show_progress = show_progress and primary
     metrics_file = safe_path(out, "metrics.jsonl")
     summary: dict[str, Any] = {}
     if not resume and run.checkpointer.steps():
@@ -441,13 +490,15 @@ def run_training(
         )
     if resume and run.checkpointer.latest_step() is not None:
         start = run.restore(fallback=fallback)
-        _truncate_metrics(metrics_file, start)
+        if primary:
+            _truncate_metrics(metrics_file, start)
         log.info("Resumed from %s at step %d", run.checkpointer.directory, start)
     else:
         if resume:
             log.warning("--resume: no checkpoint in %s; starting a new run.", out)
-        write_config(cfg, out)
-        metrics_file.unlink(missing_ok=True)
+        if primary:
+            write_config(cfg, out)
+            metrics_file.unlink(missing_ok=True)
         bar = tqdm(total=cfg.sft.steps, desc="SFT", disable=not show_progress, leave=False)
         t0 = time.perf_counter()
         if initial_params is None:
@@ -462,14 +513,15 @@ def run_training(
             run.ref_params = jax.tree_util.tree_map(jnp.copy, run.state.params)
         summary.update({f"initial/{k}": v for k, v in run.evaluate().items()})
         run.save()
-    writer = SummaryWriter(str(safe_path(out, "tb")))
+    writer = SummaryWriter(str(safe_path(out, "tb"))) if primary else None
     bar = tqdm(total=cfg.steps, initial=int(run.state.step), desc="GRPO", disable=not show_progress)
     while int(run.state.step) < cfg.steps:
         row = run.step()
-        append_jsonl(metrics_file, row)
-        for k, v in row.items():
-            if k != "step":
-                writer.add_scalar(k, v, row["step"])
+        if primary:
+            append_jsonl(metrics_file, row)
+            for k, v in row.items():
+                if k != "step":
+                    writer.add_scalar(k, v, row["step"])
         bar.update(1)
         bar.set_postfix(
             {
@@ -481,11 +533,17 @@ def run_training(
         if row["step"] % cfg.checkpoint_every == 0 or row["step"] == cfg.steps:
             run.save()
         if cfg.eval_every and row["step"] % cfg.eval_every == 0:
-            for k, v in run.evaluate().items():
-                writer.add_scalar(k, v, row["step"])
+            evaluation = run.evaluate()
+            if primary:
+                for k, v in evaluation.items():
+                    writer.add_scalar(k, v, row["step"])
     bar.close()
-    writer.close()
+    if writer is not None:
+        writer.close()
     summary.update(run.evaluate())
+    summary["steps"] = int(run.state.step)
+    if not primary:
+        return summary
     rows = (
         [json.loads(line) for line in metrics_file.read_text().splitlines() if line]
         if metrics_file.exists()
@@ -498,7 +556,6 @@ def run_training(
         for phase in ("rollout", "score", "update", "reward", "sync"):
             summary[f"time/{phase}_s_total"] = sum(r[f"time/{phase}_s"] for r in rows)
         plot_run(metrics_file, safe_path(out, "plots"))
-    summary["steps"] = int(run.state.step)
     summary_file = safe_path(out, "summary.json")
     prev = json.loads(summary_file.read_text()) if resume and summary_file.exists() else {}
     summary = {

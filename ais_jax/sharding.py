@@ -30,7 +30,9 @@ itself implemented on `jit` + `shard_map`).
 
 Multi-host: `initialize_distributed` wraps `jax.distributed.initialize`; `host_shard` gives
 each process every ``process_count``-th batch of a grain `MapDataset`; `shard_batch` assembles
-per-host arrays into one global `jax.Array`. Checkpoints restore onto any mesh through
+per-host arrays into one global `jax.Array`, `host_rows` takes this host's rows back and
+`all_rows` gathers every host's (for global metrics). `runner.Run` uses all of them, so
+`ais-jax train` runs unchanged on every host. Checkpoints restore onto any mesh through
 `abstract_state` templates (orbax reshards on read).
 """
 
@@ -283,10 +285,9 @@ def all_rows(tree: Any) -> Any:
         return jax.tree.map(np.asarray, tree)
     from jax.experimental import multihost_utils
 
-    def gather(x):
-        if isinstance(x, jax.Array) and not x.is_fully_addressable:
-            return np.asarray(multihost_utils.process_allgather(x))
-        return np.asarray(multihost_utils.process_allgather(np.asarray(x), tiled=True))
+    def gather(x):  # a global array: its value; host rows: concatenated in process order
+        x = x if isinstance(x, jax.Array) and not x.is_fully_addressable else np.asarray(x)
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
     return jax.tree.map(gather, tree)
 

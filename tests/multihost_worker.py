@@ -31,6 +31,8 @@ from ais_jax.config import RolloutConfig  # noqa: E402
 from ais_jax.model_config import ModelConfig  # noqa: E402
 from ais_jax.tasks import Arithmetic  # noqa: E402
 
+train.COMPUTE_DTYPE = jax.numpy.float32  # as sharding_worker.py: see check_training_run
+
 CONFIG = ModelConfig(
     vocab_size=64,
     hidden_size=64,
@@ -122,12 +124,28 @@ def check_checkpoint_across_hosts(ctx):
     assert_shards_equal(restored["train"], expected)
 
 
+def check_training_run(ctx):
+    """`run_training` across both processes: SFT, 3 RL steps, checkpoints and evaluation on a
+    mesh spanning the two hosts (test_sharding compares it with the one-process run)."""
+    from training_run import RUN
+
+    from ais_jax.config import TrainConfig, from_dict
+    from ais_jax.runner import run_training
+
+    cfg = from_dict(TrainConfig, RUN)
+    summary = run_training(cfg, os.path.join(ctx["tmp"], "run_two_processes"), show_progress=False)
+    assert summary["steps"] == 3, summary
+    if ctx["pid"] != 0:  # only process 0 writes the run's files and the full summary
+        assert "reward/first" not in summary, summary
+
+
 CHECKS = [
     check_topology,
     check_per_host_data,
     check_global_batch,
     check_fp8_sync_across_hosts,
     check_checkpoint_across_hosts,
+    check_training_run,
 ]
 
 

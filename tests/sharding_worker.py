@@ -325,14 +325,10 @@ def check_checkpoint(ctx):
 
 def check_runner(ctx):
     """`runner.Run` steps on a 2x2x2 mesh (``mesh:`` in the config) and, from the 2nd step on,
-    compiles nothing. Skipped while config.py has no ``mesh`` section."""
-    import dataclasses
-
+    compiles nothing."""
     from ais_jax.config import TrainConfig, from_dict
     from ais_jax.runner import Run
 
-    if "mesh" not in {f.name for f in dataclasses.fields(TrainConfig)}:
-        return "config.py has no mesh section yet"
     cfg = from_dict(
         TrainConfig,
         {
@@ -370,6 +366,18 @@ def check_runner(ctx):
     assert q.sharding.spec == jax.P(None, "tensor", "fsdp") and int(run.state.step) == 2
 
 
+def check_training_run_reference(ctx):
+    """The one-process run of `training_run.RUN` on the same 8-device mesh: test_sharding
+    compares the two-process run's metrics with this one's."""
+    from training_run import RUN
+
+    from ais_jax.config import TrainConfig, from_dict
+    from ais_jax.runner import run_training
+
+    out = os.path.join(ctx["tmp"], "run_one_process")
+    run_training(from_dict(TrainConfig, RUN), out, show_progress=False)
+
+
 CHECKS = [
     check_layouts,
     check_train_step,
@@ -380,6 +388,7 @@ CHECKS = [
     check_fp8_generate,
     check_checkpoint,
     check_runner,
+    check_training_run_reference,
 ]
 
 
