@@ -513,7 +513,9 @@ def run_training(
             run.ref_params = jax.tree_util.tree_map(jnp.copy, run.state.params)
         summary.update({f"initial/{k}": v for k, v in run.evaluate().items()})
         run.save()
-    writer = SummaryWriter(str(safe_path(out, "tb"))) if primary else None
+    # after a resume, TensorBoard hides the events of steps that are now re-run
+    purge = int(run.state.step) + 1 if resume else None
+    writer = SummaryWriter(str(safe_path(out, "tb")), purge_step=purge) if primary else None
     bar = tqdm(total=cfg.steps, initial=int(run.state.step), desc="GRPO", disable=not show_progress)
     while int(run.state.step) < cfg.steps:
         row = run.step()

@@ -17,6 +17,7 @@ import math
 import os
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import textwrap
@@ -292,6 +293,21 @@ def test_killed_run_resumes_bitwise(uninterrupted, tmp_path, caplog):
     assert all(r["train/grad_norm"] > 0 for r in rows_b[2:]), rows_b
     params_2, params_4 = _params(cfg, out, 2)[0], state_a[0]
     assert not np.array_equal(params_2["embed"], params_4["embed"])
+    # TensorBoard: the resumed writer purges the killed run's events of step 3 onwards
+    purges = [e.step for e in _tb_events(out / "tb") if e.session_log.status == 1]  # START
+    assert purges == [3], purges
+
+
+def _tb_events(directory: Path):
+    """Every event of the TensorBoard files in ``directory`` (TFRecord framing, no TF)."""
+    from tensorboardX.proto import event_pb2
+
+    for path in sorted(directory.glob("events.out.tfevents.*")):
+        data, pos = path.read_bytes(), 0
+        while pos < len(data):
+            (length,) = struct.unpack("<Q", data[pos : pos + 8])
+            yield event_pb2.Event.FromString(data[pos + 12 : pos + 12 + length])
+            pos += 12 + length + 4
 
 
 # orbax/tensorstore: reads still in flight when a damaged checkpoint fails call back into the
