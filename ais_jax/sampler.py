@@ -98,9 +98,11 @@ def _first_argmax(x_BV: jax.Array) -> jax.Array:
     """``argmax`` over the last axis (first index of the maximum), as two one-operand reductions:
     XLA:CPU vectorizes a max and a min, but not the (value, index) pair reduction of
     ``jnp.argmax``, which dominated decode time at large vocabularies."""
+    V = x_BV.shape[-1]
     max_B1 = jnp.max(x_BV, axis=-1, keepdims=True)
     index_BV = jax.lax.broadcasted_iota(jnp.int32, x_BV.shape, x_BV.ndim - 1)
-    return jnp.min(jnp.where(x_BV == max_B1, index_BV, x_BV.shape[-1]), axis=-1)
+    first_B = jnp.min(jnp.where(x_BV == max_B1, index_BV, V), axis=-1)
+    return jnp.minimum(first_B, V - 1)  # a NaN row matches nothing: keep the id in range
 
 
 def _sample(key, logits_BV, temperature, top_k, top_p):

@@ -360,6 +360,21 @@ def test_deterministic_for_a_key(params, rollout_f32):
     assert (np.asarray(other.tokens) != np.asarray(rollout_f32.tokens)).any()
 
 
+def test_draws_are_those_of_jax_random_categorical():
+    """`_sample`'s Gumbel-max with its two-reduction argmax draws exactly the tokens of
+    `jax.random.categorical` for the same key, ties (first index wins) included."""
+    for V, seed in ((7, 0), (512, 1), (32000, 2)):
+        logits_BV = 3 * jax.random.normal(jax.random.key(100 + seed), (16, V))
+        logits_BV = logits_BV.at[:, V // 2].set(logits_BV[:, 1])  # ties
+        key = jax.random.key(seed)
+        token_B, _, _ = sampler._sample(key, logits_BV, 1.0, jnp.int32(V), 1.0)
+        expected = jax.random.categorical(key, logits_BV, axis=-1)
+        np.testing.assert_array_equal(token_B, expected)
+        tied = jnp.round(logits_BV)  # many exact ties
+        np.testing.assert_array_equal(sampler._first_argmax(tied), jnp.argmax(tied, axis=-1))
+    assert int(sampler._first_argmax(jnp.full((1, 5), jnp.nan))[0]) in range(5)
+
+
 def test_sampling_options_do_not_recompile(params, rollout_f32):
     """temperature / top_k / top_p are runtime values; max_new_tokens is a shape (recompiles).
     Along the way: top_k=1 is greedy decoding, and top-k / top-p draws stay in the support."""
