@@ -133,8 +133,10 @@ def attention(
     ) * (E**-0.5)
     scores_BKRST = jnp.where(allowed_BST[:, None, None], scores_BKRST, _MASKED)
     probs_BKRST = jax.nn.softmax(scores_BKRST, axis=-1).astype(v_BKET.dtype)
-    out_BSKRE = jnp.einsum("bkrst,bket->bskre", probs_BKRST, v_BKET)
-    return out_BSKRE.reshape(B, S, H * E)
+    out_BSKRE = jnp.einsum(
+        "bkrst,bket->bskre", probs_BKRST, v_BKET, preferred_element_type=jnp.float32
+    )
+    return out_BSKRE.astype(v_BKET.dtype).reshape(B, S, H * E)
 
 
 def _cache_layout(k_BSKE: jax.Array, v_BSKE: jax.Array) -> tuple[jax.Array, jax.Array]:
