@@ -20,6 +20,20 @@ PANELS = {
 }
 
 
+def trailing_mean(values, window: int) -> list[float]:
+    """Mean of each value and the ``window - 1`` before it (fewer at the start).
+
+    >>> trailing_mean([1, 2, 3, 4], 2)
+    [1.0, 1.5, 2.5, 3.5]
+    """
+    import numpy as np
+
+    cumsum = np.concatenate([[0.0], np.cumsum(np.asarray(values, float))])
+    ends = np.arange(1, len(values) + 1)
+    starts = np.maximum(ends - window, 0)
+    return ((cumsum[ends] - cumsum[starts]) / (ends - starts)).tolist()
+
+
 def read_metrics(path: str | Path) -> list[dict]:
     with Path(path).open() as f:
         return [json.loads(line) for line in f if line.strip()]
@@ -40,8 +54,20 @@ def plot_run(metrics_file: str | Path, out_dir: str | Path) -> list[Path]:
         fig = Figure(figsize=(6, 3.5), dpi=110)
         ax = fig.subplots()
         steps = [r["step"] for r in rows]
+        window = max(1, min(20, len(rows) // 10))
         for k in keys:
-            ax.plot(steps, [r[k] for r in rows], label=k, lw=1.5)
+            values = [r[k] for r in rows]
+            if window == 1:
+                ax.plot(steps, values, label=k, lw=1.5)
+                continue
+            (raw,) = ax.plot(steps, values, lw=0.8, alpha=0.35)
+            ax.plot(
+                steps,
+                trailing_mean(values, window),
+                color=raw.get_color(),
+                lw=1.8,
+                label=f"{k} ({window}-step mean)",
+            )
         ax.set_title(title)
         ax.set_xlabel("RL step")
         ax.grid(alpha=0.3)

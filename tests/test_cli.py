@@ -269,3 +269,12 @@ def test_resume_without_config_continues_the_runs_own_config(trained, tmp_path, 
     rows = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
     assert load_config(run_dir / "config.yaml").model.num_layers == 1
+
+
+def test_plot_smoothing_is_a_trailing_mean():
+    from ais_jax.plots import trailing_mean
+
+    values = [0.0, 1.0, 5.0, 2.0, 7.0]
+    expected = [np.mean(values[max(0, i - 2) : i + 1]) for i in range(len(values))]
+    np.testing.assert_allclose(trailing_mean(values, 3), expected)
+    assert trailing_mean(values, 1) == values
