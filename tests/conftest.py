@@ -89,22 +89,3 @@ def hf_checkpoint(tmp_path_factory):
 def checkpoint_copy(hf_checkpoint, tmp_path):
     """A private, writable copy of the default tiny Qwen3 checkpoint (for breaking it)."""
     return Path(shutil.copytree(hf_checkpoint(), tmp_path / "ckpt"))
-
-
-# The one-layer training run shared by test_train.py and test_cli.py (one compile per process):
-# 16 rollouts of at most 6 tokens per step, and 40 SFT steps so rewards differ within groups.
-TINY_RUN = {
-    "steps": 4,
-    "model": {
-        "num_layers": 1,
-        "hidden_size": 64,
-        "num_heads": 2,
-        "num_kv_heads": 1,
-        "head_dim": 32,
-        "intermediate_size": 128,
-    },
-    "task": {"options": {"ops": ["+", "-"], "min_digits": 1, "max_digits": 1}, "eval_examples": 8},
-    "rollout": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 6, "max_prompt_len": 8},
-    "optim": {"learning_rate": 1e-3},
-    "sft": {"steps": 40, "batch_size": 16, "learning_rate": 1e-2},
-}

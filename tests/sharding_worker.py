@@ -326,6 +326,8 @@ def check_checkpoint(ctx):
 def check_runner(ctx):
     """`runner.Run` steps on a 2x2x2 mesh (``mesh:`` in the config) and, from the 2nd step on,
     compiles nothing."""
+    from training_run import TINY_MODEL
+
     from ais_jax.config import TrainConfig, from_dict
     from ais_jax.runner import Run
 
@@ -335,14 +337,7 @@ def check_runner(ctx):
             "steps": 3,
             "sft": {"steps": 0},
             "mesh": {"data": 2, "fsdp": 2, "tensor": 2},
-            "model": {
-                "num_layers": 1,
-                "hidden_size": 64,
-                "num_heads": 2,
-                "num_kv_heads": 1,
-                "head_dim": 32,
-                "intermediate_size": 128,
-            },
+            "model": TINY_MODEL,
             "rollout": {
                 "prompts_per_step": 4,
                 "group_size": 4,

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import TINY_RUN
+from training_run import TINY_RUN
 
 from ais_jax.cli import main
 from ais_jax.config import TrainConfig, dump_config, from_dict, load_config

@@ -27,7 +27,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from conftest import TINY_RUN
+from training_run import TINY_RUN
 
 from ais_jax.checkpoint import Checkpointer
 from ais_jax.cli import main
