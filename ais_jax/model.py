@@ -38,6 +38,7 @@ from ais_jax.model_config import ModelConfig
 from ais_jax.quant import QArray, linear
 
 Params = dict[str, Any]
+F32 = jnp.float32
 _MASKED = -0.7 * float(jnp.finfo(jnp.float32).max)  # finite: a fully masked row stays finite
 
 
@@ -122,21 +123,25 @@ def attention(
 
     Keys come as ``[B, K, T, E]`` and values as ``[B, K, E, T]``, the KV cache's layouts: both
     dots then contract their operands' minor dimensions, which is what XLA's batched dots want
-    (no per-step transpose of the cache). The dots take ``q``'s dtype (the cache's) with float32
-    accumulation; the result is in that dtype.
+    (no per-step transpose of the cache). The result and the probabilities are rounded to
+    ``q``'s dtype (the compute dtype). The dots take the wider of ``q``'s and the keys' dtypes
+    with float32 accumulation: a float32 cache holding bfloat16 values (the sampler's on CPU)
+    gives the same products, summed in another order.
     """
     B, S, H, E = q_BSHE.shape
     K = k_BKTE.shape[1]
-    q_BSKRE = q_BSHE.reshape(B, S, K, H // K, E)
+    dtype = q_BSHE.dtype
+    operand = jnp.promote_types(dtype, k_BKTE.dtype)
+    q_BSKRE = q_BSHE.reshape(B, S, K, H // K, E).astype(operand)
     scores_BKRST = jnp.einsum(
-        "bskre,bkte->bkrst", q_BSKRE, k_BKTE, preferred_element_type=jnp.float32
+        "bskre,bkte->bkrst", q_BSKRE, k_BKTE.astype(operand), preferred_element_type=F32
     ) * (E**-0.5)
     scores_BKRST = jnp.where(allowed_BST[:, None, None], scores_BKRST, _MASKED)
-    probs_BKRST = jax.nn.softmax(scores_BKRST, axis=-1).astype(v_BKET.dtype)
+    probs_BKRST = jax.nn.softmax(scores_BKRST, axis=-1).astype(dtype).astype(operand)
     out_BSKRE = jnp.einsum(
-        "bkrst,bket->bskre", probs_BKRST, v_BKET, preferred_element_type=jnp.float32
+        "bkrst,bket->bskre", probs_BKRST, v_BKET.astype(operand), preferred_element_type=F32
     )
-    return out_BSKRE.astype(v_BKET.dtype).reshape(B, S, H * E)
+    return out_BSKRE.astype(dtype).reshape(B, S, H * E)
 
 
 def _cache_layout(k_BSKE: jax.Array, v_BSKE: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -269,7 +274,8 @@ class KVCache:
 
 
 def init_cache(config: ModelConfig, batch: int, max_len: int, dtype=jnp.bfloat16) -> KVCache:
-    """An empty cache of ``max_len`` slots per row, in the model's compute ``dtype``."""
+    """An empty cache of ``max_len`` slots per row, in ``dtype``: the model's compute dtype, or a
+    wider one that holds the same values (`attention` rounds to the compute dtype)."""
     L, K, E = config.num_layers, config.num_kv_heads, config.head_dim
     return KVCache(
         k=tuple(jnp.zeros((batch, K, max_len, E), dtype) for _ in range(L)),
@@ -315,12 +321,7 @@ def forward_cached(
             v_cache[i] = jax.lax.dynamic_update_slice(
                 v_cache[i], v_BKES.astype(v_cache[i].dtype), (0, 0, 0, start)
             )
-            return attention(
-                q_BSHE,
-                k_cache[i].astype(q_BSHE.dtype),
-                v_cache[i].astype(q_BSHE.dtype),
-                allowed_BST,
-            )
+            return attention(q_BSHE, k_cache[i], v_cache[i], allowed_BST)
 
         x_BSD = _layer(_layer_params(params, i), config, x_BSD, positions_BS, mask_BS, attend)
     logits_BSV = _logits(params, config, x_BSD, mask_BS)

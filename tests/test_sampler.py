@@ -360,6 +360,26 @@ def test_deterministic_for_a_key(params, rollout_f32):
     assert (np.asarray(other.tokens) != np.asarray(rollout_f32.tokens)).any()
 
 
+@pytest.mark.parametrize("kind", ["float32", "bfloat16", "fp8"])
+def test_params_prepared_once_give_the_same_rollout(params, kind):
+    """`decode_params` done once per weight sync (as `quantize_fp8` is): `generate` on its
+    output draws the same tokens with the same log-probs (to float32 rounding: XLA may sum a
+    dot in another order when the transposed weight is an input rather than made in the same
+    program), and preparing prepared params is a no-op."""
+    p = quantize_fp8(params) if kind == "fp8" else cast_params(params, jnp.dtype(kind))
+    prepared = jax.jit(sampler.decode_params)(p)
+    again = sampler.decode_params(prepared)
+    assert jax.tree_util.tree_structure(again) == jax.tree_util.tree_structure(prepared)
+    for a, b in zip(jax.tree_util.tree_leaves(again), jax.tree_util.tree_leaves(prepared)):
+        assert a is b
+    direct = sampler.generate(p, CONFIG, PROMPTS, KEY, max_new_tokens=T, eos_ids=EOS_IDS)
+    ready = sampler.generate(prepared, CONFIG, PROMPTS, KEY, max_new_tokens=T, eos_ids=EOS_IDS)
+    for name in ("tokens", "mask", "lengths", "finished"):
+        np.testing.assert_array_equal(getattr(ready, name), getattr(direct, name))
+    for name in ("logp", "logp_plain"):
+        np.testing.assert_allclose(getattr(ready, name), getattr(direct, name), atol=1e-5, rtol=0)
+
+
 def test_draws_are_those_of_jax_random_categorical():
     """`_sample`'s Gumbel-max with its two-reduction argmax draws exactly the tokens of
     `jax.random.categorical` for the same key, ties (first index wins) included."""
