@@ -124,22 +124,23 @@ def attention(
     Keys come as ``[B, K, T, E]`` and values as ``[B, K, E, T]``, the KV cache's layouts: both
     dots then contract their operands' minor dimensions, which is what XLA's batched dots want
     (no per-step transpose of the cache). The result and the probabilities are rounded to
-    ``q``'s dtype (the compute dtype). The dots take the wider of ``q``'s and the keys' dtypes
-    with float32 accumulation: a float32 cache holding bfloat16 values (the sampler's on CPU)
-    gives the same products, summed in another order.
+    ``q``'s dtype (the compute dtype). Each dot takes the wider of that dtype and its cache
+    operand's, with float32 accumulation: a float32 value cache holding bfloat16 values (the
+    sampler's on CPU) gives the same products, summed in another order.
     """
     B, S, H, E = q_BSHE.shape
     K = k_BKTE.shape[1]
     dtype = q_BSHE.dtype
-    operand = jnp.promote_types(dtype, k_BKTE.dtype)
-    q_BSKRE = q_BSHE.reshape(B, S, K, H // K, E).astype(operand)
+    key_dtype = jnp.promote_types(dtype, k_BKTE.dtype)
+    value_dtype = jnp.promote_types(dtype, v_BKET.dtype)
+    q_BSKRE = q_BSHE.reshape(B, S, K, H // K, E).astype(key_dtype)
     scores_BKRST = jnp.einsum(
-        "bskre,bkte->bkrst", q_BSKRE, k_BKTE.astype(operand), preferred_element_type=F32
+        "bskre,bkte->bkrst", q_BSKRE, k_BKTE.astype(key_dtype), preferred_element_type=F32
     ) * (E**-0.5)
     scores_BKRST = jnp.where(allowed_BST[:, None, None], scores_BKRST, _MASKED)
-    probs_BKRST = jax.nn.softmax(scores_BKRST, axis=-1).astype(dtype).astype(operand)
+    probs_BKRST = jax.nn.softmax(scores_BKRST, axis=-1).astype(dtype).astype(value_dtype)
     out_BSKRE = jnp.einsum(
-        "bkrst,bket->bskre", probs_BKRST, v_BKET.astype(operand), preferred_element_type=F32
+        "bkrst,bket->bskre", probs_BKRST, v_BKET.astype(value_dtype), preferred_element_type=F32
     )
     return out_BSKRE.astype(dtype).reshape(B, S, H * E)
 
@@ -273,17 +274,33 @@ class KVCache:
     index: jax.Array
 
 
-def init_cache(config: ModelConfig, batch: int, max_len: int, dtype=jnp.bfloat16) -> KVCache:
-    """An empty cache of ``max_len`` slots per row, in ``dtype``: the model's compute dtype, or a
-    wider one that holds the same values (`attention` rounds to the compute dtype)."""
+def init_cache(
+    config: ModelConfig, batch: int, max_len: int, dtype=jnp.bfloat16, value_dtype=None
+) -> KVCache:
+    """An empty cache of ``max_len`` slots per row: keys in ``dtype`` (the model's compute
+    dtype), values in ``value_dtype`` (default ``dtype``; a wider one holds the same values,
+    as `attention` rounds to the compute dtype)."""
     L, K, E = config.num_layers, config.num_kv_heads, config.head_dim
+    value_dtype = dtype if value_dtype is None else value_dtype
     return KVCache(
         k=tuple(jnp.zeros((batch, K, max_len, E), dtype) for _ in range(L)),
-        v=tuple(jnp.zeros((batch, K, E, max_len), dtype) for _ in range(L)),
+        v=tuple(jnp.zeros((batch, K, E, max_len), value_dtype) for _ in range(L)),
         valid=jnp.zeros((batch, max_len), bool),
         next_pos=jnp.zeros((batch,), jnp.int32),
         index=jnp.zeros((), jnp.int32),
     )
+
+
+def _write_slots(cache: jax.Array, update: jax.Array, index: tuple) -> jax.Array:
+    """``dynamic_update_slice`` of ``update`` (cast to the cache's dtype) into ``cache``. A
+    16-bit float cache is updated through its bits: XLA:CPU runs a bfloat16
+    dynamic-update-slice in float32, over a converted copy of the whole cache, at every step."""
+    update = update.astype(cache.dtype)
+    if cache.dtype.itemsize != 2 or not jnp.issubdtype(cache.dtype, jnp.floating):
+        return jax.lax.dynamic_update_slice(cache, update, index)
+    bits = lambda x: jax.lax.bitcast_convert_type(x, jnp.uint16)  # noqa: E731
+    written = jax.lax.dynamic_update_slice(bits(cache), bits(update), index)
+    return jax.lax.bitcast_convert_type(written, cache.dtype)
 
 
 def forward_cached(
@@ -315,12 +332,8 @@ def forward_cached(
 
         def attend(q_BSHE, k_BSKE, v_BSKE, i=i):
             k_BKSE, v_BKES = _cache_layout(k_BSKE, v_BSKE)
-            k_cache[i] = jax.lax.dynamic_update_slice(
-                k_cache[i], k_BKSE.astype(k_cache[i].dtype), (0, 0, start, 0)
-            )
-            v_cache[i] = jax.lax.dynamic_update_slice(
-                v_cache[i], v_BKES.astype(v_cache[i].dtype), (0, 0, 0, start)
-            )
+            k_cache[i] = _write_slots(k_cache[i], k_BKSE, (0, 0, start, 0))
+            v_cache[i] = _write_slots(v_cache[i], v_BKES, (0, 0, 0, start))
             return attention(q_BSHE, k_cache[i], v_cache[i], allowed_BST)
 
         x_BSD = _layer(_layer_params(params, i), config, x_BSD, positions_BS, mask_BS, attend)

@@ -354,10 +354,15 @@ class Run:
         record = {"step": step, "data": _jsonable(self.prompts.get_state())}
         self.checkpointer.save(step, {"train": self.state, "ref": self.ref_params}, record)
 
-    def restore(self, *, fallback: bool = False) -> int:
-        # the reference policy (kl_coef > 0) has the params' structure; it is None until set
+    def checkpoint_template(self) -> dict:
+        """The tree a checkpoint of this run holds (what `Checkpointer.restore` needs): the
+        train state and the reference policy, which has the params' structure when
+        ``kl_coef > 0`` and is None otherwise."""
         ref = self.state.params if self.cfg.loss.kl_coef > 0 else self.ref_params
-        template = {"train": self.state, "ref": ref}
+        return {"train": self.state, "ref": ref}
+
+    def restore(self, *, fallback: bool = False) -> int:
+        template = self.checkpoint_template()
         step, restored, record = self.checkpointer.restore(template, fallback=fallback)
         self.state, self.ref_params = restored["train"], restored["ref"]
         self.prompts.set_state(_from_jsonable(record["data"]))

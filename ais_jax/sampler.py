@@ -105,30 +105,52 @@ def _first_argmax(x_BV: jax.Array) -> jax.Array:
     return jnp.minimum(first_B, V - 1)  # a NaN row matches nothing: keep the id in range
 
 
-def _sample(key, logits_BV, temperature, top_k, top_p):
-    """One token per row, with its filtered (sampled-from) and plain log-probs.
+_BLOCK = 128  # vocabulary block of the two-level draw
 
-    The Gumbel-max draw of `jax.random.categorical` (same noise, same first-index tie rule, so
-    the same tokens for the same key), with a faster argmax; the unfiltered log-softmax is
-    computed once and reused as the filtered one when no filter is active.
+
+def _draw(key: jax.Array, logits_BV: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """One token per row from ``softmax(logits_BV)`` and its log-prob, with Gumbel noise for
+    ``V / 128 + 128`` values per row instead of ``V``.
+
+    The vocabulary is cut into blocks of 128 ids (the last one padded with -inf). A Gumbel-max
+    draw over the log block masses picks a block with probability (its mass) / (total mass);
+    a second one over the block's logits picks an id with probability (its weight) / (block
+    mass): the product is exactly softmax(logits). The block masses are the sums of
+    ``exp(logits - max)`` that the log-softmax needs anyway, so the pass over the vocabulary
+    computes no noise at all; drawing noise for every id (`jax.random.categorical`) cost more
+    than the rest of sampling on CPU.
     """
+    B, V = logits_BV.shape
+    nb = -(-V // _BLOCK)
+    x_BNK = jnp.pad(logits_BV, ((0, 0), (0, nb * _BLOCK - V)), constant_values=-jnp.inf)
+    x_BNK = x_BNK.reshape(B, nb, _BLOCK)
+    max_B11 = jnp.max(x_BNK, axis=(1, 2), keepdims=True)
+    mass_BN = jnp.sum(jnp.exp(x_BNK - max_B11), axis=-1)
+    block_key, id_key = jax.random.split(key)
+    block_B = _first_argmax(jnp.log(mass_BN) + jax.random.gumbel(block_key, (B, nb)))
+    inner_BK = jnp.take_along_axis(x_BNK, block_B[:, None, None], axis=1)[:, 0]
+    id_B = _first_argmax(inner_BK + jax.random.gumbel(id_key, (B, _BLOCK)))
+    logit_B = jnp.take_along_axis(inner_BK, id_B[:, None], axis=-1)[:, 0]
+    logp_B = logit_B - max_B11[:, 0, 0] - jnp.log(jnp.sum(mass_BN, axis=-1))
+    return jnp.minimum(block_B * _BLOCK + id_B, V - 1), logp_B
+
+
+def _sample(key, logits_BV, temperature, top_k, top_p):
+    """One token per row, with its filtered (sampled-from) and plain log-probs (`_draw` from
+    the temperature-scaled logits, top-k / top-p filtered when either is active)."""
     scaled_BV = logits_BV.astype(jnp.float32) / temperature
     V = scaled_BV.shape[-1]
-    needs_filter = (top_k < V) | (top_p < 1.0)
-    filtered_BV = jax.lax.cond(
-        needs_filter, filter_logits, lambda x, k, p: x, scaled_BV, top_k, top_p
-    )
-    gumbel_BV = jax.random.gumbel(key, filtered_BV.shape, jnp.float32)
-    token_B = _first_argmax(filtered_BV + gumbel_BV)
-    take = lambda lp: jnp.take_along_axis(lp, token_B[:, None], axis=-1)[:, 0]  # noqa: E731
-    plain_B = take(jax.nn.log_softmax(scaled_BV, axis=-1))
-    filtered_B = jax.lax.cond(
-        needs_filter,
-        lambda f: take(jax.nn.log_softmax(f, axis=-1)),
-        lambda f: plain_B,
-        filtered_BV,
-    )
-    return token_B, filtered_B, plain_B
+
+    def plain(scaled_BV):
+        token_B, logp_B = _draw(key, scaled_BV)
+        return token_B, logp_B, logp_B
+
+    def filtered(scaled_BV):
+        token_B, logp_B = _draw(key, filter_logits(scaled_BV, top_k, top_p))
+        plain_BV = jax.nn.log_softmax(scaled_BV, axis=-1)
+        return token_B, logp_B, jnp.take_along_axis(plain_BV, token_B[:, None], axis=-1)[:, 0]
+
+    return jax.lax.cond((top_k < V) | (top_p < 1.0), filtered, plain, scaled_BV)
 
 
 def decode_params(params: Params) -> Params:
@@ -154,12 +176,13 @@ def decode_params(params: Params) -> Params:
     return {**params, "layers": layers, "lm_head": head}
 
 
-def cache_dtype(dtype) -> jnp.dtype:
-    """The KV cache's dtype for a model computing in ``dtype``: the same, except float32 for
-    16-bit floats on CPU. XLA:CPU runs a bfloat16 dynamic-update-slice in float32 over the
-    whole array (a cache slot write then costs a pass over the full cache: 450 us instead of
-    7 us for a [32, 4, 64, 160] cache), and its float32 batched dots are faster than bfloat16
-    ones. The stored values are the same bfloat16 numbers (see `model.attention`)."""
+def value_cache_dtype(dtype) -> jnp.dtype:
+    """The value cache's dtype for a model computing in ``dtype``: the same, except float32 for
+    16-bit floats on CPU, where XLA's float32 batched dots (attention's probs x values) are
+    faster than bfloat16 ones and its float32 cache-slot writes are in place. The stored
+    values are the same bfloat16 numbers (see `model.attention`); the keys stay in ``dtype``,
+    which keeps the scores' dot the trainer's (a float32 one sums in another order and moved
+    the BF16 rollout off the trainer's log-probs)."""
     dtype = jnp.dtype(dtype)
     if jax.default_backend() == "cpu" and dtype.itemsize < 4:
         return jnp.dtype(jnp.float32)
@@ -184,7 +207,8 @@ def _generate(
     B, P = prompt_BP.shape
     T = max_new_tokens
     params = decode_params(params)
-    cache = init_cache(config, B, P + T, cache_dtype(params["embed"].dtype))
+    dtype = params["embed"].dtype
+    cache = init_cache(config, B, P + T, dtype, value_dtype=value_cache_dtype(dtype))
     logits_BPV, cache = forward_cached(params, config, prompt_BP, cache, prompt_mask_BP)
     eos_E = jnp.asarray(eos_ids if eos_ids else (-1,), jnp.int32)
 
