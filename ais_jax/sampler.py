@@ -4,7 +4,10 @@
 row per step inside a `lax.while_loop` until every row has emitted an end-of-sequence id or
 `max_new_tokens` is reached. The whole thing is one jitted function: `temperature`, `top_k` and
 `top_p` are runtime values, so changing them does not recompile. The params may be the BF16
-trainer tree or its quantized rollout copy (`quant.quantize_fp8`): it is the same code.
+trainer tree or its quantized rollout copy (`quant.quantize_fp8`): it is the same code, and
+either may first go through `decode_params` once per weight sync (the loop's weight layout).
+Tokens are drawn with a two-level Gumbel-max (`_draw`): exactly softmax(filtered logits), with
+noise for V/128 + 128 ids per row rather than V.
 
 Which log-prob goes into the importance ratio
 ---------------------------------------------
@@ -209,7 +212,9 @@ def _generate(
     params = decode_params(params)
     dtype = params["embed"].dtype
     cache = init_cache(config, B, P + T, dtype, value_dtype=value_cache_dtype(dtype))
-    logits_BPV, cache = forward_cached(params, config, prompt_BP, cache, prompt_mask_BP)
+    logits_B1V, cache = forward_cached(
+        params, config, prompt_BP, cache, prompt_mask_BP, last_only=True
+    )
     eos_E = jnp.asarray(eos_ids if eos_ids else (-1,), jnp.int32)
 
     def emit(state, t, logits_BV):
@@ -235,7 +240,7 @@ def _generate(
         jnp.zeros((B,), bool),
         jnp.zeros((B,), jnp.int32),
     )
-    state = emit(state, 0, logits_BPV[:, -1])
+    state = emit(state, 0, logits_B1V[:, 0])
 
     def cond(carry):
         t, _, state = carry

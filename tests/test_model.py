@@ -145,8 +145,13 @@ def test_kv_cache_decode_matches_full_forward(config):
 
     step = jax.jit(forward_cached, static_argnums=1)
     cache = init_cache(config, B, P + N, dtype=jnp.float32)
+    last, _ = jax.jit(forward_cached, static_argnums=1, static_argnames="last_only")(
+        params, config, prompt, cache, prompt_mask, last_only=True
+    )
     logits, cache = step(params, config, prompt, cache, prompt_mask)
     assert_close(logits, full[:, :P], prompt_mask)
+    assert last.shape == (B, 1, config.vocab_size)
+    np.testing.assert_allclose(last, logits[:, -1:], rtol=1e-6, atol=1e-6)  # the prefill's
     compiled = None
     for j in range(N):
         logits, cache = step(params, config, new[:, j : j + 1], cache, new_mask[:, j : j + 1])

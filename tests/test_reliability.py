@@ -179,7 +179,7 @@ def train_in_subprocess(argv, env, kill_at: str | None = None) -> subprocess.Com
 def train_state(cfg: TrainConfig, out: Path, step: int):
     """Params, optimizer state, step and skip count of checkpoint ``step``, on the host."""
     run = Run(cfg, out)
-    _, restored, _ = run.checkpointer.restore({"train": run.state, "ref": None}, step)
+    _, restored, _ = run.checkpointer.restore(run.checkpoint_template(), step)
     return jax.device_get(restored["train"])
 
 

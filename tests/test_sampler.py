@@ -78,15 +78,17 @@ def replay(params, config, prompt_BP, prompt_mask_BP, tokens_BT, mask_BT):
     t iff it emits a token there, i.e. ``mask[:, t]``)."""
     B, P = prompt_BP.shape
     cache = init_cache(config, B, P + tokens_BT.shape[1], params["embed"].dtype)
-    logits_BPV, cache = forward_cached(params, config, prompt_BP, cache, prompt_mask_BP)
+    logits_B1V, cache = forward_cached(
+        params, config, prompt_BP, cache, prompt_mask_BP, last_only=True
+    )
 
     def step(cache, inputs):
         token_B, live_B = inputs
-        logits_B1V, cache = forward_cached(params, config, token_B[:, None], cache, live_B[:, None])
-        return cache, logits_B1V[:, 0]
+        step_B1V, cache = forward_cached(params, config, token_B[:, None], cache, live_B[:, None])
+        return cache, step_B1V[:, 0]
 
     _, logits_TBV = jax.lax.scan(step, cache, (tokens_BT[:, :-1].T, mask_BT[:, 1:].T))
-    return jnp.concatenate([logits_BPV[:, -1:], jnp.swapaxes(logits_TBV, 0, 1)], axis=1)
+    return jnp.concatenate([logits_B1V, jnp.swapaxes(logits_TBV, 0, 1)], axis=1)
 
 
 def logp_of(logits_BTV, tokens_BT, temperature=1.0) -> np.ndarray:
