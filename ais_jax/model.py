@@ -210,8 +210,10 @@ def unstack_layers(params: Params) -> Params:
     return {**params, "layers": [_layer_params(params, i) for i in range(num_layers)]}
 
 
-def _logits(params: Params, c: ModelConfig, x_BSD, row_mask_BS) -> jax.Array:
+def _logits(params: Params, c: ModelConfig, x_BSD, row_mask_BS, last_only=False) -> jax.Array:
     x_BSD = rms_norm(x_BSD, params["final_norm"], c.rms_norm_eps)
+    if last_only:  # sliced after the norm: before it, XLA:CPU fused the norm's sum differently
+        x_BSD, row_mask_BS = x_BSD[:, -1:], row_mask_BS[:, -1:]
     head = params.get("lm_head", params["embed"])
     return linear(x_BSD, head, row_mask=row_mask_BS, out_dtype=jnp.float32)
 
@@ -341,10 +343,7 @@ def forward_cached(
             return attention(q_BSHE, k_cache[i], v_cache[i], allowed_BST)
 
         x_BSD = _layer(_layer_params(params, i), config, x_BSD, positions_BS, mask_BS, attend)
-    if last_only:
-        logits_BSV = _logits(params, config, x_BSD[:, -1:], mask_BS[:, -1:])
-    else:
-        logits_BSV = _logits(params, config, x_BSD, mask_BS)
+    logits_BSV = _logits(params, config, x_BSD, mask_BS, last_only)
     new_cache = KVCache(
         k=tuple(k_cache),
         v=tuple(v_cache),

@@ -148,6 +148,10 @@ def test_logp_plain_equals_token_logprobs(params, rollout_f32, dtype):
         )
         assert worst <= (1e-5 if dtype == "float32" else 0.05)
         assert mean <= (2e-6 if dtype == "float32" else 5e-3)
+        if dtype == "bfloat16" and jax.default_backend() == "cpu":
+            # the decode's layouts and slicing keep XLA:CPU's bf16 rounding the trainer's: a
+            # prefill that sliced before the final norm once moved this to max 6e-3
+            assert mean <= 1e-6, mean
 
 
 @pytest.mark.parametrize("act_scaling", ["tensor", "token"])
