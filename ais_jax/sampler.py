@@ -115,7 +115,7 @@ def _draw(key: jax.Array, logits_BV: jax.Array) -> tuple[jax.Array, jax.Array]:
     """One token per row from ``softmax(logits_BV)`` and its log-prob, with Gumbel noise for
     ``V / 128 + 128`` values per row instead of ``V``.
 
-    The vocabulary is cut into blocks of 128 ids (the last one padded with -inf). A Gumbel-max
+    The vocabulary is cut into N blocks of C = 128 ids (the last one padded with -inf). A Gumbel-max
     draw over the log block masses picks a block with probability (its mass) / (total mass);
     a second one over the block's logits picks an id with probability (its weight) / (block
     mass): the product is exactly softmax(logits). The block masses are the sums of
@@ -125,15 +125,15 @@ def _draw(key: jax.Array, logits_BV: jax.Array) -> tuple[jax.Array, jax.Array]:
     """
     B, V = logits_BV.shape
     nb = -(-V // _BLOCK)
-    x_BNK = jnp.pad(logits_BV, ((0, 0), (0, nb * _BLOCK - V)), constant_values=-jnp.inf)
-    x_BNK = x_BNK.reshape(B, nb, _BLOCK)
-    max_B11 = jnp.max(x_BNK, axis=(1, 2), keepdims=True)
-    mass_BN = jnp.sum(jnp.exp(x_BNK - max_B11), axis=-1)
+    x_BNC = jnp.pad(logits_BV, ((0, 0), (0, nb * _BLOCK - V)), constant_values=-jnp.inf)
+    x_BNC = x_BNC.reshape(B, nb, _BLOCK)
+    max_B11 = jnp.max(x_BNC, axis=(1, 2), keepdims=True)
+    mass_BN = jnp.sum(jnp.exp(x_BNC - max_B11), axis=-1)
     block_key, id_key = jax.random.split(key)
     block_B = _first_argmax(jnp.log(mass_BN) + jax.random.gumbel(block_key, (B, nb)))
-    inner_BK = jnp.take_along_axis(x_BNK, block_B[:, None, None], axis=1)[:, 0]
-    id_B = _first_argmax(inner_BK + jax.random.gumbel(id_key, (B, _BLOCK)))
-    logit_B = jnp.take_along_axis(inner_BK, id_B[:, None], axis=-1)[:, 0]
+    inner_BC = jnp.take_along_axis(x_BNC, block_B[:, None, None], axis=1)[:, 0]
+    id_B = _first_argmax(inner_BC + jax.random.gumbel(id_key, (B, _BLOCK)))
+    logit_B = jnp.take_along_axis(inner_BC, id_B[:, None], axis=-1)[:, 0]
     logp_B = logit_B - max_B11[:, 0, 0] - jnp.log(jnp.sum(mass_BN, axis=-1))
     return jnp.minimum(block_B * _BLOCK + id_B, V - 1), logp_B
 
