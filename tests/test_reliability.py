@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from training_run import TINY_RUN
 
 import ais_jax
 from ais_jax import grpo, runner
@@ -86,13 +87,11 @@ MODEL = {
 # 40 SFT steps make one-digit sums answerable sometimes, so rewards differ within groups and the
 # RL steps have gradients: the resumed-equals-uninterrupted comparison is not one of zeros.
 CRASH = {
+    **TINY_RUN,
     "steps": 6,
     "checkpoint_every": 2,
     "model": MODEL,
-    "task": {"options": {"ops": ["+", "-"], "min_digits": 1, "max_digits": 1}, "eval_examples": 4},
-    "rollout": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 6, "max_prompt_len": 8},
-    "optim": {"learning_rate": 1e-3},
-    "sft": {"steps": 40, "batch_size": 16, "learning_rate": 1e-2},
+    "task": {**TINY_RUN["task"], "eval_examples": 4},
 }
 # For command-line errors: a run that would be quick if it ever got going.
 QUICK = {
