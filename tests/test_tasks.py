@@ -5,6 +5,7 @@ import doctest
 import importlib
 import json
 import random
+import re
 from fractions import Fraction
 
 import pytest
@@ -173,19 +174,73 @@ def test_arithmetic_worked_steps_are_true_equations(ops):
             assert parse_expression(left)[0] == int(right), step
 
 
+def _never():
+    return False
+
+
 def test_arithmetic_worked_examples():
-    assert _add_steps(47, 385) == ["7+5=12 carry 1", "4+8+1=13 carry 1", "3+1=4"]
-    assert _add_steps(95, 5) == ["5+5=10 carry 1", "9+1=10 carry 1"]
-    assert _sub_steps(385, 47) == ["10+5-7=8 borrow 1", "8-1-4=3", "3=3"]
-    assert _sub_steps(100, 99) == ["10+0-9=1 borrow 1", "10+0-1-9=0 borrow 1", "1-1=0"]
+    assert _add_steps(47, 385, _never) == (["7+5=12 carry 1", "4+8+1=13 carry 1", "3+1=4"], 432)
+    assert _add_steps(95, 5, _never) == (["5+5=10 carry 1", "9+1=10 carry 1"], 100)
+    assert _sub_steps(385, 47, _never) == (["10+5-7=8 borrow 1", "8-1-4=3", "3=3"], 338)
+    assert _sub_steps(100, 99, _never) == (
+        ["10+0-9=1 borrow 1", "10+0-1-9=0 borrow 1", "1-1=0"],
+        1,
+    )
     assert _mul_steps(385, 47) == ["385*7=2695", "385*40=15400", "2695+15400=18095"]
     assert _mul_steps(12, 101) == ["12*1=12", "12*100=1200", "12+1200=1212"]
     assert _mul_steps(12, 0) == ["12*0=0"]
 
 
+def test_arithmetic_slips_drop_carries_and_borrows():
+    """A slipped carry is announced but not added; a slipped borrow is not taken."""
+    slips = iter([True, False]).__next__  # drop the first carry, keep the second
+    assert _add_steps(47, 385, slips) == (["7+5=12 carry 1", "4+8=12 carry 1", "3+1=4"], 422)
+    assert _add_steps(95, 5, lambda: True) == (["5+5=10 carry 1", "9=9"], 90)
+    assert _sub_steps(385, 47, lambda: True) == (["10+5-7=8 borrow 1", "8-4=4", "3=3"], 348)
+
+
+def test_arithmetic_slip_rate_and_true_answers():
+    """With slip p, a demonstration of a problem with exactly one carry or borrow is wrong with
+    probability p (binomial check, 3.5 sigma), the answer is always the true result, and
+    problems without a carry or borrow are always demonstrated correctly."""
+    p, n = 0.7, 4000
+    task = Arithmetic(ops=("+", "-"), min_digits=1, max_digits=2, slip=p)
+    wrong = one_carry = 0
+    for ex in _samples(task, n):
+        a, op, b = re.fullmatch(r"(\d+)([+-])(\d+)=", ex.prompt).groups()
+        a, b = int(a), int(b)
+        assert ex.answer == str(a + b if op == "+" else a - b)
+        (a0, a1), (b0, b1) = divmod(a, 10)[::-1], divmod(b, 10)[::-1]
+        if op == "+":
+            if a0 + b0 >= 10 and a1 + b1 == 9:
+                continue  # a chained carry: whether the second exists depends on the first slip
+            carries = (a0 + b0 >= 10) + (a1 + b1 >= 10)
+        else:
+            carries = int(a0 < b0)  # two digits at most: only the units can borrow
+        if carries == 0:
+            assert ex.demonstration == ex.answer, ex
+        elif carries == 1:
+            one_carry += 1
+            wrong += ex.demonstration != ex.answer
+    assert one_carry > 1000
+    assert abs(wrong / one_carry - p) < 3.5 * (p * (1 - p) / one_carry) ** 0.5
+
+
+def test_arithmetic_slip_changes_demonstrations_only():
+    """Slips are drawn after the operands: the prompts and answers of a stream do not depend on
+    ``slip``, only the demonstrations do."""
+    exact = _samples(Arithmetic(ops=("+", "-")), 200)
+    careless = _samples(Arithmetic(ops=("+", "-"), slip=0.9), 200)
+    assert [(e.prompt, e.answer) for e in exact] == [(e.prompt, e.answer) for e in careless]
+    assert all(e.demonstration == e.answer for e in exact)
+    assert sum(e.demonstration != e.answer for e in careless) > 40
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [
+        ({"slip": 1.5}, "slip"),
+        ({"slip": -0.1}, "slip"),
         ({"ops": ("/",)}, "unknown op '/'"),
         ({"ops": ()}, "non-empty"),
         ({"ops": ("+", "+")}, "duplicates"),

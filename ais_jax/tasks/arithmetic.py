@@ -18,6 +18,15 @@ Subtraction borrows (``10+5-7=8 borrow 1``) and multiplication lists the partial
 their sum (``385*7=2695``, ``385*40=15400``, ``2695+15400=18095``). Long responses are the
 point: the rollout/trainer log-prob mismatch that AIS corrects grows with response length.
 
+``slip`` makes the demonstrations those of a careless teacher: each carry (addition) or borrow
+(subtraction) is dropped with probability ``slip``, in the bare and in the worked format
+(the worked line still says ``carry 1``; the next column forgets to add it). The answer the
+reward checks stays the true result, so a warm start on such demonstrations learns a
+systematic error that only the reward can correct: with ``slip > 0.5`` its greedy answer to
+every problem with a carry is wrong while the right one keeps probability ``1 - slip`` per
+carry, which is the situation RL post-training is for. Multiplication demonstrations are
+always exact. With ``slip=0`` (the default) no extra random numbers are drawn.
+
 Simplifications: subtraction orders its operands so the result is never negative, and there is
 no division. The reward is 1.0 iff the *last integer* in the response equals the answer, else
 0.0. "Last integer" is the last run of digits, with a leading ``-`` read as a sign only when it
@@ -58,6 +67,7 @@ class Arithmetic:
     min_digits: int = 1
     max_digits: int = 3
     show_work: bool = False
+    slip: float = 0.0
 
     def __post_init__(self):
         object.__setattr__(self, "ops", tuple(self.ops))
@@ -70,6 +80,8 @@ class Arithmetic:
             raise ValueError(f"ops has duplicates: {self.ops}")
         if self.min_digits < 1:
             raise ValueError(f"min_digits must be >= 1, got {self.min_digits}")
+        if not (isinstance(self.slip, int | float) and 0.0 <= self.slip <= 1.0):
+            raise ValueError(f"slip must be a probability in [0, 1], got {self.slip!r}")
         if self.max_digits < self.min_digits:
             raise ValueError(
                 f"max_digits must be >= min_digits={self.min_digits}, got {self.max_digits}"
@@ -81,11 +93,12 @@ class Arithmetic:
         if op == "-" and a < b:
             a, b = b, a
         result = {"+": a + b, "-": a - b, "*": a * b}[op]
-        if self.show_work:
-            steps = {"+": _add_steps, "-": _sub_steps, "*": _mul_steps}[op](a, b)
-            demonstration = "\n".join([*steps, f"={result}"])
+        slips = (lambda: rng.random() < self.slip) if self.slip > 0 else (lambda: False)
+        if op == "*":
+            steps, shown = _mul_steps(a, b), result
         else:
-            demonstration = str(result)
+            steps, shown = {"+": _add_steps, "-": _sub_steps}[op](a, b, slips)
+        demonstration = "\n".join([*steps, f"={shown}"]) if self.show_work else str(shown)
         return Example(prompt=f"{a}{op}{b}=", answer=str(result), demonstration=demonstration)
 
     def reward(self, example: Example, response: str) -> float:
@@ -121,20 +134,26 @@ def _digits(n: int) -> list[int]:
     return [int(c) for c in reversed(str(n))]
 
 
-def _add_steps(a: int, b: int) -> list[str]:
+def _add_steps(a: int, b: int, slips) -> tuple[list[str], int]:
+    """Column-by-column lines of ``a + b`` and the result they reach; a carry for which
+    ``slips()`` is true is announced but not added to the next column."""
     da, db = _digits(a), _digits(b)
-    steps, carry = [], 0
+    steps, out, carry = [], [], 0
     for i in range(max(len(da), len(db))):
         terms = [d[i] for d in (da, db) if i < len(d)] + ([carry] if carry else [])
         total = sum(terms)
-        carry = total // 10
-        steps.append("+".join(map(str, terms)) + f"={total}" + (" carry 1" if carry else ""))
-    return steps
+        steps.append("+".join(map(str, terms)) + f"={total}" + (" carry 1" if total >= 10 else ""))
+        out.append(total % 10)
+        carry = int(total >= 10 and not slips())
+    out.append(carry)
+    return steps, _number(out)
 
 
-def _sub_steps(a: int, b: int) -> list[str]:
+def _sub_steps(a: int, b: int, slips) -> tuple[list[str], int]:
+    """Column-by-column lines of ``a - b`` (``a >= b``) and the result they reach; a borrow for
+    which ``slips()`` is true is announced but not taken from the next column."""
     da, db = _digits(a), _digits(b)
-    steps, borrow = [], 0
+    steps, out, borrow = [], [], 0
     for i, top in enumerate(da):
         bottom = db[i] if i < len(db) else 0
         borrow_out = int(top - borrow - bottom < 0)
@@ -142,8 +161,14 @@ def _sub_steps(a: int, b: int) -> list[str]:
         expr += f"-{db[i]}" if i < len(db) else ""
         result = 10 * borrow_out + top - borrow - bottom
         steps.append(f"{expr}={result}" + (" borrow 1" if borrow_out else ""))
-        borrow = borrow_out
-    return steps
+        out.append(result)
+        borrow = int(borrow_out and not slips())
+    return steps, _number(out)
+
+
+def _number(digits: list[int]) -> int:
+    """The integer whose decimal digits, least significant first, are ``digits``."""
+    return sum(d * 10**i for i, d in enumerate(digits))
 
 
 def _mul_steps(a: int, b: int) -> list[str]:

@@ -12,7 +12,8 @@ A task is anything with
   (no global randomness), so the data pipeline can make example ``i`` of a seeded stream by
   handing the task a ``random.Random`` seeded from ``(seed, i)``;
 * ``reward(example, response)`` -- a float in ``[0, 1]``; it must be 1.0 for
-  ``example.demonstration`` (the tests check this on hundreds of samples per task).
+  ``example.demonstration`` (the tests check this on hundreds of samples per task), except
+  where a task is asked for a careless teacher on purpose (arithmetic's ``slip``).
 
 A :class:`FiniteTask` (e.g. a JSONL file) also exposes its ``examples`` so an evaluation can walk
 them in order. ``Task`` and ``FiniteTask`` are :class:`typing.Protocol` s: tasks are frozen
