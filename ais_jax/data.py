@@ -21,12 +21,16 @@ Batches span epoch boundaries, so every example is seen once per epoch; only a f
 ``num_epochs`` drops a final partial batch (fixed shapes for jit).
 
 Splits, for synthetic tasks, are disjoint seed streams of the same generator: ``"train"`` (RL
-prompts), ``"sft"`` (demonstrations for the warm start) and ``"eval"`` (held out). Different
-streams never share an index, but two streams can still draw the same *text* by chance when a
-task has few distinct instances (1-digit arithmetic has 255); with enough digits the overlap
-is negligible, which the tests check. For a finite task, held-out data is a separate file (as
-GSM8K and MATH ship train and test files): the split only selects the shuffle stream, and
-:func:`eval_examples` returns the file's examples in order.
+prompts), ``"sft"`` (demonstrations for the warm start) and ``"eval"`` (held out). Held out
+means held out by construction, not by luck: a prompt text belongs to the evaluation set iff
+``crc32(prompt) % HELD_OUT_BUCKETS == 0`` (:func:`is_held_out`), and each split draws from the
+task until it gets a prompt on its side of that line. So no training or SFT prompt is ever an
+evaluation prompt, however few distinct instances a task has (2-digit arithmetic has about
+20,000, which a run's SFT and RL streams cover many times over), and the evaluation set is the
+same for every run seed (:func:`eval_examples` reads the eval stream of seed 0 by default).
+For a finite task, held-out data is a separate file (as GSM8K and MATH ship train and test
+files): the split only selects the shuffle stream, and :func:`eval_examples` returns the
+file's examples in order.
 
 Iterators come from ``MapDataset.to_iter_dataset(read_options)``; their ``get_state()`` /
 ``set_state()`` round-trip exactly. The default ``ReadOptions(num_threads=0)`` generates in
@@ -38,18 +42,21 @@ from __future__ import annotations
 
 import functools
 import random
+import zlib
 
 import grain
 
 from ais_jax.tasks.base import Example, FiniteTask, Task
 
 __all__ = [
+    "HELD_OUT_BUCKETS",
     "SPLITS",
     "demonstration_batches",
     "eval_examples",
     "example_dataset",
     "example_seed",
     "host_shard",
+    "is_held_out",
     "prompt_batches",
     "prompt_dataset",
 ]
@@ -58,6 +65,14 @@ SPLITS = ("train", "eval", "sft")
 _MAX_SEED = 2**32
 _MAX_INDEX = 2**62  # grain's range() needs the length to fit in a C ssize_t
 _NO_PREFETCH = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
+HELD_OUT_BUCKETS = 8  # 1 in 8 prompt texts of a synthetic task is reserved for evaluation
+_MAX_DRAWS = 10_000
+
+
+def is_held_out(example: Example) -> bool:
+    """Whether ``example``'s prompt text belongs to the held-out evaluation set (a stable hash,
+    the same in every process and run)."""
+    return zlib.crc32(example.prompt.encode()) % HELD_OUT_BUCKETS == 0
 
 
 def example_seed(seed: int, split: str, index: int) -> int:
@@ -198,14 +213,28 @@ def host_shard(
     return dataset[options.shard_index :: options.shard_count]
 
 
-def eval_examples(task: Task, *, seed: int, num_examples: int | None = None) -> tuple[Example, ...]:
-    """The held-out examples, in a fixed order: split ``"eval"`` (or a finite task's file)."""
+def eval_examples(
+    task: Task, *, seed: int = 0, num_examples: int | None = None
+) -> tuple[Example, ...]:
+    """The held-out examples, in a fixed order: split ``"eval"`` (or a finite task's file).
+    ``seed`` defaults to 0, so every run evaluates on the same prompts whatever its seed."""
     dataset = example_dataset(task, seed=seed, split="eval", num_examples=num_examples)
     return tuple(dataset[i] for i in range(len(dataset)))
 
 
 def _generate(task: Task, seed: int, split: str, index: int) -> Example:
-    return task.sample(random.Random(example_seed(seed, split, index)))
+    """Example ``index`` of ``split``: the first draw of its seeded generator whose prompt is on
+    the split's side of the held-out line (`is_held_out`)."""
+    rng = random.Random(example_seed(seed, split, index))
+    for _ in range(_MAX_DRAWS):
+        example = task.sample(rng)
+        if is_held_out(example) == (split == "eval"):
+            return example
+    raise ValueError(
+        f"task {task.name!r} gave no {split!r} prompt in {_MAX_DRAWS} draws: its prompts all "
+        f"fall on one side of the held-out split (1 in {HELD_OUT_BUCKETS} prompt texts is "
+        "held out), so it has too few distinct prompts to train and evaluate on."
+    )
 
 
 def _key(seed: int, split: str, *, tag: int) -> int:

@@ -195,3 +195,44 @@ def test_data_module_does_not_import_jax():
     }
     imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     assert not any(name == "jax" or name.startswith("jax.") for name in imported)
+
+
+@pytest.mark.parametrize(
+    "task",
+    [Arithmetic(ops=("+", "-"), min_digits=1, max_digits=1), Arithmetic(ops=("+",), max_digits=2)],
+    ids=["1-digit", "2-digit"],
+)
+def test_held_out_prompts_never_appear_in_training_streams(task):
+    """Held out by construction: on a task small enough that every stream covers most of its
+    155 or ~10,000 prompts, no train or SFT prompt is an eval prompt, and the eval set does not
+    depend on the run seed."""
+    held_out = {ex.prompt for ex in data.eval_examples(task, num_examples=400)}
+    assert all(data.is_held_out(Example(prompt=p, answer="", demonstration="")) for p in held_out)
+    for seed in (0, 1):
+        for split in ("train", "sft"):
+            stream = data.example_dataset(task, seed=seed, split=split, num_examples=3000)
+            assert not held_out & {stream[i].prompt for i in range(len(stream))}
+    assert data.eval_examples(task, num_examples=50) == data.eval_examples(
+        task, seed=0, num_examples=50
+    )
+    assert len(held_out) >= 15  # the check above is not vacuous
+
+
+def test_a_task_with_too_few_prompts_for_a_held_out_split_is_an_error():
+    one_prompt = Arithmetic(ops=("+",), min_digits=1, max_digits=1)
+    one_prompt_sampler = type(
+        "OnePrompt",
+        (),
+        {
+            "name": "one",
+            "sample": lambda self, rng: Example(prompt="1+1=", answer="2", demonstration="2"),
+            "reward": one_prompt.reward,
+        },
+    )()
+    side = (
+        "eval"
+        if not data.is_held_out(Example(prompt="1+1=", answer="", demonstration=""))
+        else "train"
+    )
+    with pytest.raises(ValueError, match="too few distinct prompts"):
+        data.example_dataset(one_prompt_sampler, seed=0, split=side, num_examples=1)[0]
