@@ -4,7 +4,8 @@
     ais-jax eval      --run DIR [--examples N]
     ais-jax sample    (--run DIR | --checkpoint HF_DIR) --prompt TEXT [--n N] [--format F]
     ais-jax export-hf --run DIR --to HF_DIR
-    ais-jax compare   [--config F] [--seeds N] [--set k=v ...] [--out DIR]
+    ais-jax compare   [--config F] [--seeds 5] [--arms bf16,fp8,fp4,fp4+tis,fp4+ais,fp4+mis]
+                      [--vary-sft | --start RUN_DIR[@STEP]] [--set k=v ...] [--out DIR]
     ais-jax plan      --model qwen3-8b [--mesh data=1,fsdp=8,tensor=1] ...
 
 `train` with no arguments runs the embedded default (configs/quickstart.yaml, shipped in the
@@ -43,7 +44,7 @@ def _load(args):
 
 
 def _cmd_train(args) -> int:
-    from ais_jax.runner import run_training
+    from ais_jax.runner import describe, run_training
 
     out = Path(args.out) if args.out else _new_run_dir("train")
     if args.resume and not args.config and (out / "config.yaml").is_file():
@@ -62,6 +63,7 @@ def _cmd_train(args) -> int:
         show_progress=not args.no_progress,
     )
     print(json.dumps(summary, indent=2))
+    print(describe(summary), file=sys.stderr)
     return 0
 
 
@@ -147,8 +149,15 @@ def _cmd_compare(args) -> int:
 
     cfg = _load(args)
     out = Path(args.out) if args.out else _new_run_dir("compare")
+    print(f"ais-jax compare: writing to {out}", file=sys.stderr)
     table = run_comparison(
-        cfg, out, seeds=args.seeds, arms=args.arms, show_progress=not args.no_progress
+        cfg,
+        out,
+        seeds=args.seeds,
+        arms=args.arms,
+        vary_sft=args.vary_sft,
+        start=args.start,
+        show_progress=not args.no_progress,
     )
     print(table)
     return 0
@@ -207,10 +216,42 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--to", required=True)
     x.set_defaults(fn=_cmd_export)
 
-    c = sub.add_parser("compare", help="the paper's four arms x seeds, table + plots")
+    c = sub.add_parser(
+        "compare",
+        help="rollout formats x corrections x RL seeds from one start: paired statistics, "
+        "results.json, results.md and plots",
+        description="Train every arm for --seeds RL seeds (config seed, seed+1, ...), all from "
+        "one start (one SFT warm start, shared by every arm and seed), evaluate on one held-out "
+        "set, and write results.json, results.md (mean and 95% t-interval per arm, paired "
+        "differences against the first arm), accuracy.png and diagnostics.png. Re-running "
+        "with the same --out skips the finished runs.",
+    )
     with_config(c)
-    c.add_argument("--seeds", type=int, default=3)
-    c.add_argument("--arms", default=None, help="comma-separated subset of the arms")
+    c.add_argument(
+        "--seeds",
+        type=int,
+        default=5,
+        help="RL seeds: the config's seed and the next N-1 (default 5)",
+    )
+    c.add_argument(
+        "--arms",
+        default=None,
+        help="comma-separated FORMAT or FORMAT+METHOD, FORMAT in bf16, fp8 (e4m3), fp8e5, "
+        "fp6 (e3m2), fp6e2, fp4 (e2m1) and METHOD in tis, ais, mis; the first is the "
+        "reference of the paired differences (default: bf16,fp8,fp4,fp4+tis,fp4+ais,fp4+mis)",
+    )
+    start = c.add_mutually_exclusive_group()
+    start.add_argument(
+        "--vary-sft",
+        action="store_true",
+        help="one SFT warm start per RL seed (shared by that seed's arms) instead of one for all",
+    )
+    start.add_argument(
+        "--start",
+        metavar="RUN_DIR[@STEP]",
+        help="start every arm and seed from this training run's checkpoint (default: its "
+        "latest) instead of an SFT warm start",
+    )
     c.set_defaults(fn=_cmd_compare)
 
     pl = sub.add_parser("plan", help="per-device memory of a model on a mesh (no allocation)")

@@ -6,6 +6,7 @@ host live); every computation it drives is a jitted pure function of `train.py` 
 
     config.yaml            the resolved configuration
     metrics.jsonl          one JSON object per RL step (see README for the keys)
+    eval.jsonl             held-out accuracy at step 0, every eval_every steps and the end
     tb/                    TensorBoard event files
     checkpoints/<step>/    orbax: train state + data-iterator state (every checkpoint_every)
     plots/*.png            reward, AIS coefficients, ESS and mismatch over steps (at the end)
@@ -18,6 +19,7 @@ every random key is derived from (seed, step) and the data iterator state is che
 
 from __future__ import annotations
 
+import collections
 import functools
 import json
 import logging
@@ -39,6 +41,7 @@ from ais_jax.hf import HFTokenizer, check_vocab, load_hf
 from ais_jax.model import init_params
 from ais_jax.model_config import ModelConfig
 from ais_jax.paths import safe_path
+from ais_jax.provenance import provenance
 from ais_jax.sampler import Rollout
 from ais_jax.tasks import CharTokenizer, FiniteTask, RewardError, make_task
 from ais_jax.train import Batch, TrainState, make_correction, make_optimizer, sft_step
@@ -137,11 +140,13 @@ class Run:
         self.correction = _correction(cfg.correction)
         self.mesh = shd.make_mesh(cfg.mesh)
         self.state: TrainState = shd.sharded_init(self.mesh, params, self.optimizer)
-        self._generators: dict[Any, Any] = {}  # one sharded generate per params structure
-        self._sync = shd.sharded_sync(self.mesh, self.state.params, cfg.rollout)
-        self._sync_bf16 = shd.sharded_sync(self.mesh, self.state.params, _bf16_rollout(cfg.rollout))
-        self._score = shd.sharded_score(self.mesh, self.state.params, self.model_config)
-        self._update = shd.sharded_update(
+        self._sync = _phase(shd.sharded_sync, self.mesh, self.state.params, cfg.rollout)
+        self._sync_bf16 = _phase(
+            shd.sharded_sync, self.mesh, self.state.params, _bf16_rollout(cfg.rollout)
+        )
+        self._score = _phase(shd.sharded_score, self.mesh, self.state.params, self.model_config)
+        self._update = _phase(
+            shd.sharded_update,
             self.mesh,
             self.state,
             config=self.model_config,
@@ -221,20 +226,19 @@ class Run:
         self, params, prompts: np.ndarray, mask: np.ndarray, key, *, greedy: bool = False
     ) -> Rollout:
         r = self.cfg.rollout
-        tree = jax.tree_util.tree_structure(params)
-        if tree not in self._generators:
-            self._generators[tree] = shd.sharded_generate(
-                self.mesh,
-                params,
-                self.model_config,
-                max_new_tokens=r.max_new_tokens,
-                eos_ids=(self.tokenizer.eos_id,),
-                pad_id=self.tokenizer.pad_id,
-            )
+        generate = _phase(
+            shd.sharded_generate,
+            self.mesh,
+            params,
+            self.model_config,
+            max_new_tokens=r.max_new_tokens,
+            eos_ids=(self.tokenizer.eos_id,),
+            pad_id=self.tokenizer.pad_id,
+        )
         top_k = 1 if greedy else r.top_k or self.model_config.vocab_size
         top_p = 1.0 if greedy or r.top_p is None else r.top_p
         prompts, mask = shd.shard_batch((prompts, mask), self.mesh)
-        return self._generators[tree](params, prompts, mask, key, r.temperature, top_k, top_p)
+        return generate(params, prompts, mask, key, r.temperature, top_k, top_p)
 
     def step(self) -> dict[str, float]:
         """One RL step; returns its metrics (host floats)."""
@@ -321,9 +325,7 @@ class Run:
             if c.task.eval_path is None
             else make_task(c.task.name, **{**c.task.options, "path": c.task.eval_path})
         )
-        examples = data.eval_examples(
-            task, seed=c.seed, num_examples=num_examples or c.task.eval_examples
-        )
+        examples = data.eval_examples(task, num_examples=num_examples or c.task.eval_examples)
         params = self._sync_bf16(self.state.params)
         rows = EVAL_BATCH // self.hosts  # this process's rows of every eval batch
         greedy, sampled = [], []
@@ -367,6 +369,36 @@ class Run:
         self.state, self.ref_params = restored["train"], restored["ref"]
         self.prompts.set_state(_from_jsonable(record["data"]))
         return step
+
+
+# Jitted phases are built once per (mesh, array shapes, settings) and kept for the process, so
+# every `Run` with the same settings -- the arms and seeds of a comparison, a resumed run --
+# reuses the compiled programs instead of tracing and compiling its own.
+_PHASES: collections.OrderedDict[Any, Any] = collections.OrderedDict()
+_MAX_PHASES = 64
+
+
+def _phase(build, *args, **static):
+    """``build(*args, **static)``, memoised. Array trees in ``args`` count by their structure,
+    shapes, dtypes and shardings (what the built function is specialised to); other arguments
+    by value (frozen configs) or identity (the cached optimizer and correction objects)."""
+    key = (build, tuple(_static_key(a) for a in args), tuple(sorted(static.items())))
+    if key in _PHASES:
+        _PHASES.move_to_end(key)
+    else:
+        _PHASES[key] = build(*args, **static)
+        if len(_PHASES) > _MAX_PHASES:
+            _PHASES.popitem(last=False)
+    return _PHASES[key]
+
+
+def _static_key(x: Any) -> Any:
+    leaves, treedef = jax.tree_util.tree_flatten(x)
+    if not any(isinstance(leaf, jax.Array | np.ndarray) for leaf in leaves):
+        return x
+    return treedef, tuple(
+        (leaf.shape, str(leaf.dtype), getattr(leaf, "sharding", None)) for leaf in leaves
+    )
 
 
 # `update` takes the optimizer and the correction as static arguments: one object per setting
@@ -487,6 +519,7 @@ def run_training(
     primary = run.host == 0
     show_progress = show_progress and primary
     metrics_file = safe_path(out, "metrics.jsonl")
+    eval_file = safe_path(out, "eval.jsonl")
     summary: dict[str, Any] = {}
     if not resume and run.checkpointer.steps():
         raise ValueError(
@@ -497,6 +530,7 @@ def run_training(
         start = run.restore(fallback=fallback)
         if primary:
             _truncate_metrics(metrics_file, start)
+            _truncate_metrics(eval_file, start)
         log.info("Resumed from %s at step %d", run.checkpointer.directory, start)
     else:
         if resume:
@@ -516,12 +550,19 @@ def run_training(
         if cfg.loss.kl_coef > 0:
             # a copy: `update` donates run.state, which would delete an aliased reference
             run.ref_params = jax.tree_util.tree_map(jnp.copy, run.state.params)
-        summary.update({f"initial/{k}": v for k, v in run.evaluate().items()})
+        initial = run.evaluate()
+        summary.update({f"initial/{k}": v for k, v in initial.items()})
+        if show_progress:
+            tqdm.write(f"Start (after the warm start): {_accuracy_words(initial)}")
+        if primary:
+            eval_file.unlink(missing_ok=True)
+            append_jsonl(eval_file, {"step": 0, **initial})
         run.save()
     # after a resume, TensorBoard hides the events of steps that are now re-run
     purge = int(run.state.step) + 1 if resume else None
     writer = SummaryWriter(str(safe_path(out, "tb")), purge_step=purge) if primary else None
     bar = tqdm(total=cfg.steps, initial=int(run.state.step), desc="GRPO", disable=not show_progress)
+    held_out = {}  # the latest held-out greedy accuracy, shown beside the reward
     while int(run.state.step) < cfg.steps:
         row = run.step()
         if primary:
@@ -533,22 +574,30 @@ def run_training(
         bar.set_postfix(
             {
                 "reward": f"{row['reward/mean']:.3f}",
+                **held_out,
                 "alpha": f"{row['ais/alpha']:.2f}",
                 "ess": f"{row['ais/ess_ratio']:.3f}",
             }
         )
         if row["step"] % cfg.checkpoint_every == 0 or row["step"] == cfg.steps:
             run.save()
-        if cfg.eval_every and row["step"] % cfg.eval_every == 0:
+        if cfg.eval_every and row["step"] % cfg.eval_every == 0 and row["step"] < cfg.steps:
             evaluation = run.evaluate()
+            held_out = {"held-out acc": f"{100 * evaluation['eval/accuracy']:.1f}%"}
             if primary:
+                append_jsonl(eval_file, {"step": row["step"], **evaluation})
                 for k, v in evaluation.items():
                     writer.add_scalar(k, v, row["step"])
     bar.close()
+    final = run.evaluate()
+    summary.update(final)
+    summary["steps"] = int(run.state.step)
+    if primary:
+        _truncate_metrics(eval_file, summary["steps"] - 1)  # a resumed run's final row, once
+        append_jsonl(eval_file, {"step": summary["steps"], **final})
+        writer.add_scalar("eval/accuracy", final["eval/accuracy"], summary["steps"])
     if writer is not None:
         writer.close()
-    summary.update(run.evaluate())
-    summary["steps"] = int(run.state.step)
     if not primary:
         return summary
     rows = (
@@ -569,8 +618,30 @@ def run_training(
         **{k: v for k, v in prev.items() if k.startswith(("initial/", "sft/", "time/sft"))},
         **summary,
     }
+    summary["provenance"] = provenance()
     summary_file.write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def _accuracy_words(evaluation: dict[str, float]) -> str:
+    return (
+        f"{100 * evaluation['eval/accuracy']:.1f}% of {int(evaluation['eval/examples'])} "
+        f"held-out prompts answered correctly (greedy), "
+        f"{100 * evaluation['eval/sampled_accuracy']:.1f}% with one sample each"
+    )
+
+
+def describe(summary: dict[str, Any]) -> str:
+    """The outcome of a run in words: held-out accuracy before and after RL, and the change."""
+    end = f"After {summary['steps']} GRPO steps: {_accuracy_words(summary)}."
+    if "initial/eval/accuracy" not in summary:
+        return end
+    start = {k.removeprefix("initial/"): v for k, v in summary.items() if k.startswith("initial/")}
+    change = 100 * (summary["eval/accuracy"] - start["eval/accuracy"])
+    return (
+        f"Before RL (after the warm start): {_accuracy_words(start)}.\n{end}\n"
+        f"GRPO changed greedy held-out accuracy by {change:+.1f} points."
+    )
 
 
 def kill_point(phase: str, step: int) -> None:

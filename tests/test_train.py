@@ -12,6 +12,7 @@ All runs share one model shape, so the rollout and scoring programs compile once
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -160,6 +161,26 @@ def test_arm_writes_outputs(arm_run, name):
         assert math.isfinite(summary[key]), key
     assert summary["eval/examples"] == cfg.task.eval_examples
     assert Checkpointer(out / "checkpoints").steps() == [0, cfg.steps]
+    evals = [json.loads(line) for line in (out / "eval.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in evals] == [0, cfg.steps]
+    assert evals[0]["eval/accuracy"] == summary["initial/eval/accuracy"]
+    assert evals[-1]["eval/accuracy"] == summary["eval/accuracy"]
+    prov = summary["provenance"]
+    assert prov["versions"]["jax"] == jax.__version__ and prov["device_count"] == 1
+    assert prov["cpu"] and prov["python"]
+
+
+def test_runs_with_equal_settings_share_compiled_phases(tmp_path):
+    """Arms and seeds of a comparison reuse one jitted program per phase: a second `Run` with
+    the same shapes and settings gets the very same jitted callables (so nothing recompiles),
+    and a different correction gets its own update."""
+    cfg = from_dict(TrainConfig, TINY_RUN)
+    first, second = Run(cfg, tmp_path / "a"), Run(dataclasses.replace(cfg, seed=1), tmp_path / "b")
+    for phase in ("_sync", "_sync_bf16", "_score", "_update"):
+        assert getattr(first, phase) is getattr(second, phase), phase
+    other = dataclasses.replace(cfg, correction=dataclasses.replace(cfg.correction, method="tis"))
+    third = Run(other, tmp_path / "c")
+    assert third._update is not first._update and third._score is first._score
 
 
 def test_corrections_behave_as_documented(arm_run):

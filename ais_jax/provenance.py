@@ -1,0 +1,86 @@
+"""What a result ran on: library versions, the CPU, the devices and the code's commit.
+
+Training results move with the build: the same seed and data give another SFT loss under
+jaxlib 0.10.0 than under 0.10.2, because XLA fuses and sums in another order. Every
+`summary.json` and comparison `results.json` therefore carries `provenance()`, so a figure can
+be traced to the exact stack that produced it (`constraints.txt` pins that stack for installs).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+__all__ = ["PACKAGES", "cpu_model", "git_commit", "provenance"]
+
+PACKAGES = (
+    "jax",
+    "jaxlib",
+    "flax",
+    "optax",
+    "orbax-checkpoint",
+    "grain",
+    "chex",
+    "ml-dtypes",
+    "numpy",
+    "ais_jax",
+)
+
+
+@functools.cache
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo`` on Linux, else `platform.processor()`)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def git_commit() -> str | None:
+    """The commit of the ais_jax source tree (with ``+dirty`` for local changes), or None
+    when the package is not run from a git checkout."""
+    root = Path(__file__).resolve().parent.parent
+    if not (root / ".git").exists():
+        return None
+    try:
+        run = functools.partial(
+            subprocess.run, cwd=root, capture_output=True, text=True, timeout=10, check=True
+        )
+        commit = run(["git", "rev-parse", "HEAD"]).stdout.strip()
+        dirty = run(["git", "status", "--porcelain", "--untracked-files=no"]).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return commit + ("+dirty" if dirty else "")
+
+
+def provenance() -> dict[str, Any]:
+    """Versions, machine and commit as a JSON-ready dict.
+
+    >>> sorted(provenance())  # doctest: +NORMALIZE_WHITESPACE
+    ['commit', 'cpu', 'device_count', 'device_kind', 'platform', 'python', 'versions']
+    """
+    import jax
+
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    devices = jax.devices()
+    return {
+        "versions": versions,
+        "python": platform.python_version(),
+        "cpu": cpu_model(),
+        "platform": devices[0].platform,
+        "device_kind": devices[0].device_kind,
+        "device_count": jax.device_count(),
+        "commit": git_commit(),
+    }
