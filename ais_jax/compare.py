@@ -1,127 +1,686 @@
-"""The paper's four-arm comparison (Table 1 of SPEC.md section 5) at any scale.
+"""Paired comparison of rollout precisions and corrections: arms x RL seeds from one start.
 
-Arms, all on the same task, budget and seeds:
+An *arm* is a rollout number format and a correction, written ``<fmt>`` or ``<fmt>+<method>``:
 
-    bf16        BF16 rollout, no correction       (the reference the others try to match)
-    <fmt>       low-precision rollout, uncorrected (the "FP8 rollout" baseline)
-    <fmt>+tis   low-precision rollout, truncated IS (fixed cap C)
-    <fmt>+ais   low-precision rollout, AIS
+    fmt      bf16 | fp8 (float8_e4m3fn) | fp8e5 (float8_e5m2) | fp6 (float6_e3m2fn)
+             | fp6e2 (float6_e2m3fn) | fp4 (float4_e2m1fn)
+    method   tis | ais | mis            (bare <fmt>: no correction)
 
-``<fmt>`` is the config's ``rollout.format`` (float8_e4m3fn by default; float4_e2m1fn or an FP6
-format make the mismatch material at toy scale). Each seed's SFT warm start is run once and
-shared by its arms, so arms differ only in the RL phase. The result is a markdown table of
-held-out accuracy of the final BF16 policy (mean +- std over seeds) beside each arm's measured
-mismatch and ESS, and plots of reward, ESS and mismatch over steps per arm.
+e.g. ``bf16,fp8,fp4,fp4+tis,fp4+ais,fp4+mis`` (the default). Every arm trains the same model
+on the same task and budget; only ``rollout.format`` and ``correction.method`` differ.
+
+Design, so that arm differences are differences of the RL phase and nothing else:
+
+- **One start.** The SFT warm start (seed ``cfg.seed``) runs once; its float32 parameters are
+  saved under ``out/start/`` and every arm and every RL seed starts from them, bit for bit (the
+  hash of the parameters each run received is in its ``start.json`` and in results.json).
+  ``vary_sft=True`` runs one SFT per RL seed instead (shared by that seed's arms);
+  ``start="RUN_DIR[@STEP]"`` takes the start from a checkpoint of an existing training run.
+- **RL seeds** ``cfg.seed .. cfg.seed + seeds - 1`` set the prompt order and rollout keys; an
+  arm's seed ``k`` and the reference arm's seed ``k`` form a pair.
+- **One held-out set**, the same for every arm and seed (`data.eval_examples`), evaluated at
+  step 0, every ``eval_every`` steps and at the end (each run's ``eval.jsonl``).
+- **Resumable.** Re-running with the same ``out`` skips the runs that finished (their
+  ``summary.json`` exists), resumes the ones that were interrupted from their checkpoints, and
+  reuses the saved start; a different configuration or start is refused.
+- Arms run in one process, so the jitted phases compiled for one arm serve every arm and seed
+  with the same settings.
+
+Statistics (`ais_jax.stats`): per arm, the mean over seeds with a 95% t-interval; per arm
+against the reference arm (the first listed: bf16 by default), the paired difference over seeds
+with a 95% t-interval, for the final greedy and sampled accuracy and the greedy-accuracy area
+under the curve over training (`stats.area_under_curve`, the time-averaged accuracy).
+
+Outputs under ``out/``:
+
+    config.yaml               the base configuration (arms change format, correction, seed)
+    start/                    params.npz (or seed<k>.npz) + .json (hash, source), plan.json
+    <arm>/seed<k>/            one `run_training` directory per arm and seed, + start.json
+    results.json              config, arms, per-seed results, intervals, paired differences,
+                              provenance (strict JSON: a non-finite number is null)
+    results.md                the tables
+    accuracy.png              held-out accuracy over steps per arm (mean, band, every seed)
+    diagnostics.png           ESS, alpha, mismatch and entropy over steps per arm
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import logging
+import math
+import os
+import tempfile
+import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import yaml
 
+from ais_jax import stats
 from ais_jax.config import TrainConfig, dump_config
-from ais_jax.plots import plot_arms, read_metrics
+from ais_jax.paths import safe_path
+from ais_jax.plots import plot_arm_curves, read_metrics
+
+__all__ = [
+    "DEFAULT_ARMS",
+    "FORMATS",
+    "METHODS",
+    "Arm",
+    "format_results",
+    "load_params",
+    "params_digest",
+    "parse_arm",
+    "parse_arms",
+    "run_comparison",
+    "save_params",
+    "start_from_checkpoint",
+]
+
+log = logging.getLogger(__name__)
+
+FORMATS = {
+    "bf16": "bf16",
+    "fp8": "float8_e4m3fn",
+    "fp8e5": "float8_e5m2",
+    "fp6": "float6_e3m2fn",
+    "fp6e2": "float6_e2m3fn",
+    "fp4": "float4_e2m1fn",
+}
+METHODS = ("tis", "ais", "mis")
+DEFAULT_ARMS = "bf16,fp8,fp4,fp4+tis,fp4+ais,fp4+mis"
+CONFIDENCE = 0.95
+# per-seed values compared against the reference arm
+PAIRED = {
+    "final/accuracy": "final greedy acc.",
+    "final/sampled_accuracy": "final sampled acc.",
+    "auc/accuracy": "greedy acc. AUC",
+}
+DIAGNOSTICS = {
+    "ais/ess_ratio": "ESS ratio (token)",
+    "ais/alpha": "AIS alpha",
+    "ais/mismatch": "mean |logp_train - logp_rollout|",
+    "policy/entropy": "token entropy",
+}
 
 
-def arms_for(cfg: TrainConfig) -> dict[str, TrainConfig]:
-    fmt = "float8_e4m3fn" if cfg.rollout.format == "bf16" else cfg.rollout.format
-    short = fmt.replace("float", "fp").split("_")[0] if fmt != "float8_e4m3fn" else "fp8"
+# ---- arms ---------------------------------------------------------------------------------------
 
-    def arm(format_: str, method: str) -> TrainConfig:
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    """One arm: its name (``fp4+ais``), ``rollout.format`` and ``correction.method``."""
+
+    name: str
+    format: str
+    method: str
+
+    @property
+    def dirname(self) -> str:
+        return self.name.replace("+", "_")
+
+    def config(self, cfg: TrainConfig, seed: int) -> TrainConfig:
+        """``cfg`` with this arm's rollout format and correction, and RL seed ``seed``."""
         return dataclasses.replace(
             cfg,
-            rollout=dataclasses.replace(cfg.rollout, format=format_),
-            correction=dataclasses.replace(cfg.correction, method=method),
+            seed=seed,
+            rollout=dataclasses.replace(cfg.rollout, format=self.format),
+            correction=dataclasses.replace(cfg.correction, method=self.method),
         )
 
-    return {
-        "bf16": arm("bf16", "none"),
-        short: arm(fmt, "none"),
-        f"{short}+tis": arm(fmt, "tis"),
-        f"{short}+ais": arm(fmt, "ais"),
-    }
+
+def _grammar() -> str:
+    return (
+        f"an arm is FORMAT or FORMAT+METHOD with FORMAT one of {list(FORMATS)} and METHOD one "
+        f"of {list(METHODS)} (a bare FORMAT has no correction), e.g. fp4+ais"
+    )
+
+
+def parse_arm(text: str) -> Arm:
+    """``"fp4+ais"`` -> ``Arm("fp4+ais", "float4_e2m1fn", "ais")``; ``"fp8"`` -> method none.
+
+    >>> parse_arm("fp8")
+    Arm(name='fp8', format='float8_e4m3fn', method='none')
+    """
+    name = text.strip().lower()
+    fmt, plus, method = name.partition("+")
+    if fmt not in FORMATS or (plus and method not in METHODS):
+        raise ValueError(f"Unknown arm(s) [{text.strip()!r}]; {_grammar()}.")
+    return Arm(name, FORMATS[fmt], method if plus else "none")
+
+
+def parse_arms(spec: str | Sequence[str] | None = None) -> list[Arm]:
+    """Comma-separated (or a list of) arm names -> `Arm` s, in order; None: `DEFAULT_ARMS`.
+
+    Every bad name is reported at once, and an arm may be listed only once.
+
+    >>> [a.name for a in parse_arms("bf16, fp4+tis")]
+    ['bf16', 'fp4+tis']
+    """
+    if spec is None:
+        spec = DEFAULT_ARMS
+    names = spec.split(",") if isinstance(spec, str) else list(spec)
+    names = [n.strip() for n in names if n.strip()]
+    if not names:
+        raise ValueError(f"No arms given; {_grammar()}.")
+    unknown, arms = [], []
+    for name in names:
+        try:
+            arms.append(parse_arm(name))
+        except ValueError:
+            unknown.append(name)
+    if unknown:
+        raise ValueError(f"Unknown arm(s) {unknown}; {_grammar()}.")
+    seen = [a.name for a in arms]
+    twice = sorted({n for n in seen if seen.count(n) > 1})
+    if twice:
+        raise ValueError(f"Arm(s) {twice} listed more than once in {seen}.")
+    return arms
+
+
+# ---- start parameters ---------------------------------------------------------------------------
+
+
+def _flat(params: Any) -> dict[str, np.ndarray]:
+    import jax
+    from flax.traverse_util import flatten_dict
+
+    return {k: np.asarray(v) for k, v in flatten_dict(jax.device_get(params), sep="/").items()}
+
+
+def params_digest(params: Any) -> str:
+    """SHA-256 over every leaf's name, dtype, shape and bytes (in name order): equal digests
+    mean bit-identical parameter trees."""
+    h = hashlib.sha256()
+    for name, leaf in sorted(_flat(params).items()):
+        h.update(f"{name}:{leaf.dtype.str}:{leaf.shape};".encode())
+        h.update(np.ascontiguousarray(leaf).tobytes())
+    return h.hexdigest()
+
+
+def save_params(path: str | Path, params: Any) -> Path:
+    """Write a (nested-dict) parameter tree to ``path`` as ``.npz`` (leaf names ``a/b/c``),
+    atomically: a file that exists is complete."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("wb") as f:
+        np.savez(f, **_flat(params))
+    os.replace(tmp, path)
+    return path
+
+
+def load_params(path: str | Path) -> dict:
+    """The tree `save_params` wrote (host NumPy arrays, bit-identical)."""
+    from flax.traverse_util import unflatten_dict
+
+    with np.load(path) as z:
+        return unflatten_dict({k: z[k] for k in z.files}, sep="/")
+
+
+def parse_start(spec: str) -> tuple[Path, int | None]:
+    """``"RUN_DIR@STEP"`` -> ``(RUN_DIR, STEP)``; ``"RUN_DIR"`` -> ``(RUN_DIR, None)`` (latest).
+
+    >>> parse_start("runs/a@20")
+    (PosixPath('runs/a'), 20)
+    """
+    head, at, tail = spec.rpartition("@")
+    if at and tail.isdigit():
+        return Path(head), int(tail)
+    return Path(spec), None
+
+
+def start_from_checkpoint(cfg: TrainConfig, spec: str) -> tuple[dict, dict[str, Any]]:
+    """The trainer params of checkpoint ``RUN_DIR[@STEP]`` (latest step by default) of a
+    training run, restored through that run's own `Run` (its ``config.yaml``) and
+    `Checkpointer`. Returns ``(host params, {"run", "step"})``; the run's model must be
+    ``cfg.model``."""
+    import jax
+
+    from ais_jax.config import load_config
+    from ais_jax.hf import CheckpointError
+    from ais_jax.runner import Run
+
+    run_dir, step = parse_start(spec)
+    if not (run_dir / "config.yaml").is_file():
+        raise CheckpointError(
+            f"--start {spec}: {run_dir} is not a training run directory (no config.yaml)."
+        )
+    run_cfg = load_config(run_dir / "config.yaml")
+    if run_cfg.model != cfg.model:
+        raise ValueError(
+            f"--start {spec}: that run's model {run_cfg.model} is not the comparison's "
+            f"model {cfg.model}."
+        )
+    run = Run(run_cfg, run_dir)
+    step, restored, _ = run.checkpointer.restore(run.checkpoint_template(), step)
+    return jax.device_get(restored["train"].params), {"run": str(run_dir), "step": step}
+
+
+def _sft_params(cfg: TrainConfig, seed: int, show_progress: bool) -> tuple[Any, dict]:
+    """The SFT warm start of ``cfg`` with seed ``seed`` (host params, {"sft_seed", "sft_loss"})."""
+    import jax
+    from tqdm import tqdm
+
+    from ais_jax.runner import Run
+
+    with tempfile.TemporaryDirectory() as tmp:  # Run wants a directory; SFT writes nothing
+        run = Run(dataclasses.replace(cfg, seed=seed), tmp)
+        bar = tqdm(total=cfg.sft.steps, desc=f"SFT seed {seed}", disable=not show_progress)
+        losses = run.sft(lambda i, n, loss: (bar.update(i - bar.n), bar.set_postfix(loss=loss)))
+        bar.close()
+        params = jax.device_get(run.state.params)
+    return params, {"sft_seed": seed, "sft_loss": losses[-1] if losses else None}
+
+
+class _Starts:
+    """The start parameters of the comparison in ``out/start/``, made on first use and reused
+    by every later run (and by a re-run of the comparison)."""
+
+    def __init__(self, cfg, out: Path, *, vary_sft: bool, start: str | None, show_progress):
+        self.cfg, self.dir = cfg, safe_path(out, "start")
+        self.vary_sft, self.start, self.show_progress = vary_sft, start, show_progress
+        self._cache: tuple[str, Any, str] | None = None
+        self.plan = {"vary_sft": vary_sft, "start": start}
+        self.plan_file = self.dir / "plan.json"
+        if self.plan_file.is_file():
+            old = json.loads(self.plan_file.read_text())
+            if old != self.plan:
+                raise ValueError(
+                    f"{out} holds a comparison started with {_describe_plan(old)}, not "
+                    f"{_describe_plan(self.plan)}; use the same start options or another --out."
+                )
+
+    def name(self, seed: int) -> str:
+        return f"seed{seed}" if self.vary_sft else "params"
+
+    def get(self, seed: int) -> tuple[str, Any, str]:
+        """``(name, host params, sha256)`` of the start of RL seed ``seed``."""
+        name = self.name(seed)
+        if self._cache is not None and self._cache[0] == name:
+            return self._cache
+        params_file, info_file = self.dir / f"{name}.npz", self.dir / f"{name}.json"
+        if params_file.is_file() and info_file.is_file():
+            params, info = load_params(params_file), json.loads(info_file.read_text())
+            digest = params_digest(params)
+            if digest != info["sha256"]:
+                raise ValueError(
+                    f"{params_file} does not hold the start recorded in {info_file} (hash "
+                    f"{digest[:12]} != {info['sha256'][:12]}); delete both to make it again."
+                )
+        else:
+            t0 = time.perf_counter()
+            if self.start is not None:
+                params, info = start_from_checkpoint(self.cfg, self.start)
+                info = {"source": "checkpoint", **info}
+            else:
+                sft_seed = seed if self.vary_sft else self.cfg.seed
+                params, info = _sft_params(self.cfg, sft_seed, self.show_progress)
+                info = {"source": "sft", **info}
+            # the runs start from what was saved, so a re-run starts from the same bits
+            self.dir.mkdir(parents=True, exist_ok=True)
+            if not self.plan_file.is_file():
+                self.plan_file.write_text(json.dumps(self.plan))
+            save_params(params_file, params)
+            params = load_params(params_file)
+            digest = params_digest(params)
+            info_file.write_text(json.dumps(_strict({**info, "sha256": digest}), indent=2))
+            log.info(
+                "start %s: %s (%.1f s)", name, _describe_source(info), time.perf_counter() - t0
+            )
+        self._cache = (name, params, digest)
+        return self._cache
+
+    def info(self) -> dict[str, Any]:
+        found = sorted(self.dir.glob("*.json"))
+        return {p.stem: json.loads(p.read_text()) for p in found if p.stem != "plan"}
+
+
+def _describe_plan(plan: dict) -> str:
+    if plan.get("start"):
+        return f"--start {plan['start']}"
+    return "one SFT per seed (--vary-sft)" if plan.get("vary_sft") else "one shared SFT start"
+
+
+def _describe_source(info: dict) -> str:
+    if info.get("source") == "checkpoint":
+        return f"checkpoint step {info['step']} of {info['run']}"
+    return f"SFT seed {info.get('sft_seed')} (final loss {info.get('sft_loss')})"
+
+
+# ---- the comparison -----------------------------------------------------------------------------
 
 
 def run_comparison(
     cfg: TrainConfig,
     out: str | Path,
     *,
-    seeds: int = 3,
-    arms: str | None = None,
+    seeds: int = 5,
+    arms: str | Sequence[str] | None = None,
+    vary_sft: bool = False,
+    start: str | None = None,
     show_progress: bool = True,
 ) -> str:
-    """Run every arm for ``seeds`` seeds under ``out``; write and return the markdown table."""
-    from ais_jax.runner import Run, run_training
+    """Train every arm for RL seeds ``cfg.seed .. cfg.seed + seeds - 1`` from one start; write
+    results.json, results.md and the plots under ``out`` and return the markdown.
+
+    ``arms``: names as in `parse_arms` (default `DEFAULT_ARMS`); the first is the reference of
+    the paired differences. ``vary_sft``: one SFT per seed instead of one for all.
+    ``start``: ``"RUN_DIR[@STEP]"``, start from that training run's checkpoint instead of SFT.
+    One log line per finished run (arm, seed, start -> final greedy accuracy, time).
+    """
+    from ais_jax.runner import run_training
 
     if seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {seeds}.")
+    if vary_sft and start is not None:
+        raise ValueError("--vary-sft and --start exclude each other: a checkpoint is one start.")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    all_arms = arms_for(cfg)
-    chosen = list(all_arms) if arms is None else [a.strip() for a in arms.split(",")]
-    unknown = [a for a in chosen if a not in all_arms]
-    if unknown:
-        raise ValueError(f"Unknown arm(s) {unknown}; arms of this config: {list(all_arms)}.")
-    (out / "config.yaml").write_text(dump_config(cfg))
-    results: dict[str, list[dict]] = {a: [] for a in chosen}
-    curves: dict[str, list[list[dict]]] = {a: [] for a in chosen}
-    for seed in range(cfg.seed, cfg.seed + seeds):
-        warm = Run(dataclasses.replace(cfg, seed=seed), out / f"sft-seed{seed}")
-        warm.sft()
-        for name in chosen:
-            arm_cfg = dataclasses.replace(all_arms[name], seed=seed)
-            run_dir = out / name.replace("+", "_") / f"seed{seed}"
-            summary = run_training(
-                arm_cfg, run_dir, show_progress=show_progress, initial_params=warm.state.params
+    chosen = parse_arms(arms)
+    _check_config(cfg, out)  # config.yaml is written with the first run or start
+    starts = _Starts(cfg, out, vary_sft=vary_sft, start=start, show_progress=show_progress)
+    seed_list = list(range(cfg.seed, cfg.seed + seeds))
+    total, done = len(seed_list) * len(chosen), 0
+    for seed in seed_list:
+        for arm in chosen:
+            done += 1
+            run_dir = safe_path(out, arm.dirname, f"seed{seed}")
+            if (run_dir / "summary.json").is_file():
+                log.info(
+                    "[%d/%d] %s seed %d: finished earlier, skipped", done, total, arm.name, seed
+                )
+                continue
+            t0 = time.perf_counter()
+            if not (out / "config.yaml").is_file():
+                (out / "config.yaml").write_text(dump_config(cfg))
+            if _has_checkpoint(run_dir):  # interrupted: continue from its own checkpoints
+                run_training(
+                    arm.config(cfg, seed), run_dir, resume=True, show_progress=show_progress
+                )
+            else:
+                name, params, digest = starts.get(seed)
+                run_dir.mkdir(parents=True, exist_ok=True)
+                (run_dir / "start.json").write_text(json.dumps({"start": name, "sha256": digest}))
+                run_training(
+                    arm.config(cfg, seed),
+                    run_dir,
+                    initial_params=params,
+                    show_progress=show_progress,
+                )
+            record = _run_record(run_dir, seed)
+            log.info(
+                "[%d/%d] %s seed %d: greedy acc. %.1f%% -> %.1f%%, %.1f s",
+                done,
+                total,
+                arm.name,
+                seed,
+                100 * record["start/accuracy"],
+                100 * record["final/accuracy"],
+                time.perf_counter() - t0,
             )
-            results[name].append(summary)
-            curves[name].append(read_metrics(run_dir / "metrics.jsonl"))
-    table = format_table(cfg, results, curves)
+    results = _strict(_collect(cfg, out, chosen, seed_list, starts.info()))
+    (out / "results.json").write_text(json.dumps(results, indent=2, allow_nan=False))
+    table = format_results(results)
     (out / "results.md").write_text(table + "\n")
-    (out / "results.json").write_text(
-        json.dumps({a: {"summaries": results[a]} for a in chosen}, indent=2)
-    )
-    plot_arms(
-        curves, ["reward/mean", "ais/ess_ratio", "ais/mismatch", "ais/alpha"], out / "arms.png"
-    )
+    _plot(out, chosen, seed_list, cfg)
     return table
 
 
-def _mean_std(values: list[float], scale: float = 1.0, digits: int = 1) -> str:
-    v = np.asarray(values, float) * scale
-    return f"{v.mean():.{digits}f} ± {v.std():.{digits}f}" if len(v) > 1 else f"{v[0]:.{digits}f}"
-
-
-def format_table(
-    cfg: TrainConfig, results: dict[str, list[dict]], curves: dict[str, list[list[dict]]]
-) -> str:
-    n = len(next(iter(results.values())))
-    lines = [
-        f"Task `{cfg.task.name}` {cfg.task.options or ''}, {cfg.steps} RL steps, "
-        f"{cfg.rollout.prompts_per_step}x{cfg.rollout.group_size} rollouts/step, "
-        f"max_new_tokens {cfg.rollout.max_new_tokens}, {n} seed(s); held-out accuracy "
-        f"(greedy, BF16 policy, {cfg.task.eval_examples} prompts never trained on).",
-        "",
-        "| arm | held-out acc. % (greedy) | sampled acc. % | start acc. % greedy / sampled "
-        "| reward first→last 10 steps | mean abs dlogp | ESS ratio mean (min) | alpha (mean) |",
-        "|---|---|---|---|---|---|---|---|",
+def _check_config(cfg: TrainConfig, out: Path) -> None:
+    """Refuse if ``out/config.yaml`` holds another configuration than ``cfg``."""
+    path = out / "config.yaml"
+    if not path.is_file():
+        return
+    old, new = _leaves(yaml.safe_load(path.read_text())), _leaves(cfg.to_dict())
+    diffs = [
+        f"{k}: {old.get(k, '(absent)')!r} there, {new.get(k, '(absent)')!r} here"
+        for k in sorted(set(old) | set(new))
+        if old.get(k) != new.get(k)
     ]
-    for arm, summaries in results.items():
-        rows = [r for seed_rows in curves[arm] for r in seed_rows]
-        first = np.mean([np.mean([r["reward/mean"] for r in c[:10]]) for c in curves[arm]])
-        last = np.mean([np.mean([r["reward/mean"] for r in c[-10:]]) for c in curves[arm]])
-        lines.append(
-            f"| {arm} | {_mean_std([s['eval/accuracy'] for s in summaries], 100)} "
-            f"| {_mean_std([s['eval/sampled_accuracy'] for s in summaries], 100)} "
-            f"| {_mean_std([s['initial/eval/accuracy'] for s in summaries], 100)} / "
-            f"{_mean_std([s['initial/eval/sampled_accuracy'] for s in summaries], 100)} "
-            f"| {first:.3f}→{last:.3f} "
-            f"| {np.mean([r['ais/mismatch'] for r in rows]):.4f} "
-            f"| {np.mean([r['ais/ess_ratio'] for r in rows]):.4f} "
-            f"({np.min([r['ais/ess_ratio'] for r in rows]):.4f}) "
-            f"| {np.mean([r['ais/alpha'] for r in rows]):.3f} |"
+    if diffs:
+        more = f" ... ({len(diffs)} differences)" if len(diffs) > 4 else ""
+        raise ValueError(
+            f"{out} holds a comparison with another configuration ({'; '.join(diffs[:4])}"
+            f"{more}); continue it with --config {path}, or choose another --out."
         )
+
+
+def _leaves(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict) and tree:
+        return {
+            k: v for key, sub in tree.items() for k, v in _leaves(sub, f"{prefix}{key}.").items()
+        }
+    return {prefix.rstrip("."): tree}
+
+
+def _has_checkpoint(run_dir: Path) -> bool:
+    folder = run_dir / "checkpoints"
+    return folder.is_dir() and any(p.name.isdigit() for p in folder.iterdir())
+
+
+# ---- results ------------------------------------------------------------------------------------
+
+
+def _mean(rows: list[dict], key: str, reduce=np.mean) -> float:
+    values = [r[key] for r in rows if key in r and r[key] is not None]
+    return float(reduce(values)) if values else math.nan
+
+
+def _eval_rows(run_dir: Path) -> list[dict]:
+    rows = {r["step"]: r for r in read_metrics(run_dir / "eval.jsonl")}  # last row of a step
+    return [rows[s] for s in sorted(rows)]
+
+
+def _run_record(run_dir: Path, seed: int) -> dict[str, Any]:
+    """One finished run's numbers: start / final / AUC accuracies and step-metric summaries."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    evals = _eval_rows(run_dir)
+    rows = read_metrics(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").is_file() else []
+    start_file = run_dir / "start.json"
+    first = evals[0] if evals and evals[0]["step"] == 0 else {}
+    steps = [r["step"] for r in evals]
+    return {
+        "seed": seed,
+        "start_sha256": json.loads(start_file.read_text())["sha256"]
+        if start_file.is_file()
+        else None,
+        "start/accuracy": first.get("eval/accuracy", math.nan),
+        "start/sampled_accuracy": first.get("eval/sampled_accuracy", math.nan),
+        "final/accuracy": summary["eval/accuracy"],
+        "final/sampled_accuracy": summary["eval/sampled_accuracy"],
+        "auc/accuracy": stats.area_under_curve(steps, [r["eval/accuracy"] for r in evals]),
+        "auc/sampled_accuracy": stats.area_under_curve(
+            steps, [r["eval/sampled_accuracy"] for r in evals]
+        ),
+        "ess/mean": _mean(rows, "ais/ess_ratio"),
+        "ess/min": _mean(rows, "ais/ess_ratio", np.min),
+        "alpha/mean": _mean(rows, "ais/alpha"),
+        "mismatch/mean": _mean(rows, "ais/mismatch"),
+        "entropy/mean": _mean(rows, "policy/entropy"),
+        "reward/mean": _mean(rows, "reward/mean"),
+        "steps": summary.get("steps"),
+        "eval_steps": steps,
+    }
+
+
+def _collect(cfg, out: Path, arms: list[Arm], seeds: list[int], start_info: dict) -> dict:
+    from ais_jax.provenance import provenance
+
+    runs = {
+        a.name: [_run_record(safe_path(out, a.dirname, f"seed{s}"), s) for s in seeds] for a in arms
+    }
+    numeric = [k for k, v in runs[arms[0].name][0].items() if isinstance(v, float)]
+    summary = {
+        arm: {k: stats.mean_ci([r[k] for r in records], CONFIDENCE).to_dict() for k in numeric}
+        for arm, records in runs.items()
+    }
+    ref = arms[0].name
+    paired = {
+        a.name: {
+            k: stats.paired_difference(
+                [r[k] for r in runs[a.name]], [r[k] for r in runs[ref]], CONFIDENCE
+            ).to_dict()
+            for k in PAIRED
+        }
+        for a in arms[1:]
+    }
+    return {
+        "config": cfg.to_dict(),
+        "arms": [dataclasses.asdict(a) for a in arms],
+        "reference": ref,
+        "seeds": seeds,
+        "confidence": CONFIDENCE,
+        "start": start_info,
+        "runs": runs,
+        "summary": summary,
+        "paired": paired,
+        "provenance": provenance(),
+    }
+
+
+def _strict(x: Any) -> Any:
+    """``x`` with every non-finite float (and NumPy scalar) replaced by None, for strict JSON."""
+    if isinstance(x, dict):
+        return {k: _strict(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_strict(v) for v in x]
+    if isinstance(x, np.generic):
+        x = x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def _plot(out: Path, arms: list[Arm], seeds: list[int], cfg: TrainConfig) -> None:
+    def rows(arm: Arm, name: str) -> list[list[dict]]:
+        return [read_metrics(safe_path(out, arm.dirname, f"seed{s}", name)) for s in seeds]
+
+    plot_arm_curves(
+        {a.name: rows(a, "eval.jsonl") for a in arms},
+        ["eval/accuracy", "eval/sampled_accuracy"],
+        out / "accuracy.png",
+        seed_lines=True,
+        marker="o",
+        titles={
+            "eval/accuracy": "held-out accuracy, greedy",
+            "eval/sampled_accuracy": "held-out accuracy, sampled",
+        },
+    )
+    metrics = {a.name: rows(a, "metrics.jsonl") for a in arms}
+    plot_arm_curves(
+        metrics,
+        list(DIAGNOSTICS),
+        out / "diagnostics.png",
+        window=max(1, min(20, cfg.steps // 10)),
+        ncols=2,
+        titles=DIAGNOSTICS,
+    )
+
+
+# ---- the markdown -------------------------------------------------------------------------------
+
+
+def _ci(e: dict, scale: float = 100.0, digits: int = 1, sign: bool = False) -> str:
+    """``"52.9 [41.2, 64.6]"`` (the interval left out where it is undefined: one seed)."""
+    if e["mean"] is None or not math.isfinite(e["mean"]):
+        return "n/a"
+    f = f"{{:{'+' if sign else ''}.{digits}f}}"
+    text = f.format(scale * e["mean"])
+    if e["low"] is not None and math.isfinite(e["low"]):
+        text += f" [{f.format(scale * e['low'])}, {f.format(scale * e['high'])}]"
+    return text
+
+
+def _num(x: Any, digits: int) -> str:
+    return "n/a" if x is None or not math.isfinite(x) else f"{x:.{digits}f}"
+
+
+def format_results(results: dict) -> str:
+    """results.md: the setup, a row per arm (mean and 95% interval over seeds), the paired
+    differences against the reference arm, every seed's values, and the provenance line."""
+    c, ref, seeds = results["config"], results["reference"], results["seeds"]
+    arms = results["arms"]
+    pct = int(round(100 * results["confidence"]))
+    start = results["start"]
+    first = next(iter(start.values()), {})
+    if first.get("source") == "checkpoint":
+        origin = f"every arm and seed starts from checkpoint step {first['step']} of {first['run']}"
+    elif len(start) > 1:
+        origin = "each seed's arms start from that seed's own SFT warm start"
+    else:
+        origin = f"every arm and seed starts from one SFT warm start (seed {first.get('sft_seed')})"
+    t = c["task"]
+    lines = [
+        f"Task `{t['name']}` {t['options'] or ''}, {c['steps']} RL steps, "
+        f"{c['rollout']['prompts_per_step']}x{c['rollout']['group_size']} rollouts/step, "
+        f"max_new_tokens {c['rollout']['max_new_tokens']}; {len(seeds)} RL seed(s) "
+        f"{seeds[0]}..{seeds[-1]}; {origin}. Held-out accuracy of the BF16 policy on the same "
+        f"{t['eval_examples']} prompts for every run (never trained on); AUC = mean accuracy "
+        f"over training (trapezoid over the evaluated steps: "
+        f"{', '.join(map(str, results['runs'][ref][0]['eval_steps']))}). "
+        f"Mean over seeds [{pct}% t-interval].",
+        "",
+        "| arm | rollout | correction | final acc. % (greedy) | sampled acc. % | greedy acc. AUC % "
+        "| start acc. % greedy / sampled | ESS ratio mean (min) | alpha mean | mean abs dlogp "
+        "| entropy |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for arm in arms:
+        s, records = results["summary"][arm["name"]], results["runs"][arm["name"]]
+        ess_min = min((r["ess/min"] for r in records if r["ess/min"] is not None), default=None)
+        lines.append(
+            f"| {arm['name']} | {arm['format']} | {arm['method']} "
+            f"| {_ci(s['final/accuracy'])} | {_ci(s['final/sampled_accuracy'])} "
+            f"| {_ci(s['auc/accuracy'])} "
+            f"| {_ci(s['start/accuracy'])} / {_ci(s['start/sampled_accuracy'])} "
+            f"| {_num(s['ess/mean']['mean'], 4)} ({_num(ess_min, 4)}) "
+            f"| {_num(s['alpha/mean']['mean'], 3)} | {_num(s['mismatch/mean']['mean'], 4)} "
+            f"| {_num(s['entropy/mean']['mean'], 3)} |"
+        )
+    if results["paired"]:
+        lines += [
+            "",
+            f"Paired differences against the reference arm **{ref}** (the first arm listed): "
+            f"arm minus {ref} on the same seed, in percentage points, mean over seeds "
+            f"[{pct}% t-interval]; better / worse = seeds where the arm's final greedy accuracy "
+            f"is above / below {ref}'s.",
+            "",
+            f"| arm − {ref} | "
+            + " | ".join(f"Δ {v}" for v in PAIRED.values())
+            + " | better / worse |",
+            "|---|" + "---|" * (len(PAIRED) + 1),
+        ]
+        for name, diffs in results["paired"].items():
+            d = diffs["final/accuracy"]["values"]
+            better = sum(v is not None and v > 0 for v in d)
+            worse = sum(v is not None and v < 0 for v in d)
+            cells = " | ".join(_ci(diffs[k], sign=True) for k in PAIRED)
+            lines.append(f"| {name} | {cells} | {better} / {worse} |")
+    lines += [
+        "",
+        "Every seed (final greedy / final sampled / greedy AUC, %):",
+        "",
+        "| arm | " + " | ".join(f"seed {s}" for s in seeds) + " |",
+        "|---|" + "---|" * len(seeds),
+    ]
+    for arm in arms:
+        cells = [
+            " / ".join(
+                _num(None if r[k] is None else 100 * r[k], 1)
+                for k in ("final/accuracy", "final/sampled_accuracy", "auc/accuracy")
+            )
+            for r in results["runs"][arm["name"]]
+        ]
+        lines.append(f"| {arm['name']} | " + " | ".join(cells) + " |")
+    p = results["provenance"]
+    v = p["versions"]
+    lines += [
+        "",
+        f"jax {v.get('jax')}, jaxlib {v.get('jaxlib')}, commit {p.get('commit')}, "
+        f"{p['device_count']} x {p['device_kind']} ({p['platform']}), CPU {p['cpu']}.",
+    ]
     return "\n".join(lines)

@@ -1,4 +1,5 @@
-"""PNG plots of a run's metrics.jsonl: reward, the AIS coefficients, ESS and mismatch.
+"""PNG plots of a run's metrics.jsonl (reward, the AIS coefficients, ESS and mismatch), and of
+a comparison's arms side by side (`plot_arm_curves`: one colour per arm, mean over seeds).
 
 Figures are drawn on `matplotlib.figure.Figure` objects and saved directly, without pyplot,
 so this works on a headless machine and never switches the backend of a notebook's kernel.
@@ -80,24 +81,64 @@ def plot_run(metrics_file: str | Path, out_dir: str | Path) -> list[Path]:
 
 def plot_arms(runs: dict[str, list[list[dict]]], keys: list[str], out_file: str | Path) -> Path:
     """One panel per metric key, one line per arm (mean over seeds, band = min..max)."""
+    return plot_arm_curves(runs, keys, out_file)
+
+
+def plot_arm_curves(
+    runs: dict[str, list[list[dict]]],
+    keys: list[str],
+    out_file: str | Path,
+    *,
+    window: int = 1,
+    seed_lines: bool = False,
+    ncols: int | None = None,
+    titles: dict[str, str] | None = None,
+    xlabel: str = "RL step",
+    marker: str | None = None,
+) -> Path:
+    """One panel per metric key, one colour per arm (the same in every panel).
+
+    ``runs[arm]`` holds one list of rows per seed (``metrics.jsonl`` or ``eval.jsonl`` rows, each
+    with a ``step``). Each seed's curve is first smoothed with a ``window``-step `trailing_mean`
+    (1 = raw); the thick line is the mean over seeds and the band spans min..max across seeds;
+    ``seed_lines`` adds every seed's own curve as a thin line. Seeds are cut to the shortest
+    one; an arm that did not log a key is left out of that panel. ``ncols`` panels per row
+    (default: all in one row); ``titles`` maps a key to its panel title; ``marker`` marks the
+    points of the mean line (for sparse curves such as held-out evaluations).
+    """
     import numpy as np
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(5 * len(keys), 3.5), dpi=110)
-    axes = fig.subplots(1, len(keys), squeeze=False)
-    for ax, key in zip(axes[0], keys, strict=True):
-        for arm, seeds in runs.items():
-            n = min(len(rows) for rows in seeds)
+    ncols = min(ncols or len(keys), len(keys))
+    nrows = -(-len(keys) // ncols)
+    fig = Figure(figsize=(5 * ncols, 3.5 * nrows), dpi=110)
+    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+    for ax in axes[len(keys) :]:
+        ax.set_visible(False)
+    for ax, key in zip(axes, keys, strict=False):
+        for i, (arm, seeds) in enumerate(runs.items()):
+            n = min((len(rows) for rows in seeds), default=0)
             if n == 0 or key not in seeds[0][0]:
                 continue
-            values = np.array([[r[key] for r in rows[:n]] for rows in seeds])
+            color = f"C{i % 10}"
+            values_SN = np.array(
+                [trailing_mean([r.get(key, np.nan) for r in rows[:n]], window) for rows in seeds]
+            )
             steps = [r["step"] for r in seeds[0][:n]]
-            ax.plot(steps, values.mean(0), label=arm, lw=1.5)
-            ax.fill_between(steps, values.min(0), values.max(0), alpha=0.15)
-        ax.set_title(key)
-        ax.set_xlabel("RL step")
+            if seed_lines:
+                for values_N in values_SN:
+                    ax.plot(steps, values_N, color=color, lw=0.6, alpha=0.45)
+            ax.plot(steps, values_SN.mean(0), color=color, label=arm, lw=1.8, marker=marker, ms=4)
+            if len(seeds) > 1:
+                ax.fill_between(
+                    steps, values_SN.min(0), values_SN.max(0), color=color, alpha=0.12, lw=0
+                )
+        title = (titles or {}).get(key, key)
+        ax.set_title(title + (f" ({window}-step trailing mean)" if window > 1 else ""), fontsize=10)
+        ax.set_xlabel(xlabel)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out_file)
     return Path(out_file)
