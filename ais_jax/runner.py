@@ -512,6 +512,7 @@ def run_training(
 
     out = Path(out)
     shd.initialize_distributed(cfg.distributed)  # before any other JAX call
+    stack = provenance()  # at the start: the code and versions this run was launched with
     run = Run(cfg, out)
     # Multi-host: every process computes every phase and saves its checkpoint shards (``out``
     # must be storage they share); process 0 alone writes the config, metrics, TensorBoard
@@ -618,7 +619,7 @@ def run_training(
         **{k: v for k, v in prev.items() if k.startswith(("initial/", "sft/", "time/sft"))},
         **summary,
     }
-    summary["provenance"] = provenance()
+    summary["provenance"] = stack
     summary_file.write_text(json.dumps(summary, indent=2))
     return summary
 
