@@ -18,6 +18,7 @@ from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+from orbax.checkpoint.checkpoint_managers import preservation_policy as preservation
 
 from ais_jax.hf import CheckpointError
 
@@ -36,7 +37,15 @@ class Checkpointer:
                 "record": ocp.JsonCheckpointHandler(),
             },
             options=ocp.CheckpointManagerOptions(
-                max_to_keep=max_to_keep, create=True, enable_async_checkpointing=False
+                # the newest max_to_keep, and step 0 (the warm start, which later runs and
+                # `ais-jax compare --start RUN@0` branch from) always
+                preservation_policy=None
+                if max_to_keep is None
+                else preservation.AnyPreservationPolicy(
+                    [preservation.LatestN(max_to_keep), preservation.CustomSteps([0])]
+                ),
+                create=True,
+                enable_async_checkpointing=False,
             ),
         )
 
