@@ -8,15 +8,28 @@ naming its path; ``fallback=True`` restores the newest readable one instead and 
 steps it passed over. A checkpoint whose arrays have other names or shapes than the state to
 restore (a different model or training setup) is a `CheckpointError` listing the differences,
 found from the checkpoint's metadata before any array is read.
+
+A save that fails (a full disk, a file-size limit, a read-only file system) is one
+`CheckpointError` naming the step's folder and the reason: orbax's worker threads each report
+the failure too (absl and asyncio log records, "Event loop is closed" from tensorstore
+callbacks), and those echoes are held back during the save and dropped when it fails. A
+restored checkpoint whose floating-point arrays hold NaN or infinity is restored with a
+warning naming the checkpoint and the arrays.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import re
+import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from orbax.checkpoint.checkpoint_managers import preservation_policy as preservation
 
@@ -61,14 +74,31 @@ class Checkpointer:
         if step in self.steps():  # a step re-run after `fallback` passed over its bad checkpoint
             log.warning("Overwriting checkpoint %s.", self.directory / str(step))
             self._manager.delete(step)
-        self._manager.save(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state), record=ocp.args.JsonSave(record)
-            ),
-            force=True,
-        )
-        self._manager.wait_until_finished()
+        try:
+            with _held_back_echoes():
+                self._manager.save(
+                    step,
+                    args=ocp.args.Composite(
+                        state=ocp.args.StandardSave(state), record=ocp.args.JsonSave(record)
+                    ),
+                    force=True,
+                )
+                self._manager.wait_until_finished()
+        except Exception as e:  # orbax/tensorstore raise ValueError, OSError, RuntimeError...
+            if jax.process_count() == 1:  # never listed; free its space (best effort: writes
+                # still in flight in orbax's threads may leave some of it)
+                for tmp in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"):
+                    shutil.rmtree(tmp, ignore_errors=True)
+            newest = [s for s in self.steps() if s != step]
+            kept = (
+                f"the newest complete checkpoint is step {newest[-1]}"
+                if newest
+                else ("there is no complete checkpoint yet")
+            )
+            raise CheckpointError(
+                f"Checkpoint {self.directory / str(step)} could not be written: "
+                f"{_reason(e)}; {kept}."
+            ) from None
 
     def restore(
         self, template: Any, step: int | None = None, *, fallback: bool = False
@@ -107,6 +137,15 @@ class Checkpointer:
                 continue
             if failures:
                 log.warning("Skipped unreadable checkpoint(s): %s", "; ".join(failures))
+            bad = nonfinite(out.state)
+            if bad:
+                log.warning(
+                    "Checkpoint %s holds non-finite values (NaN or inf) in %s; what is "
+                    "computed from them will be NaN.",
+                    self.directory / str(s),
+                    ", ".join(bad[:6])
+                    + (f" and {len(bad) - 6} more arrays" if len(bad) > 6 else ""),
+                )
             return s, out.state, dict(out.record)
         hint = "" if fallback else " Pass fallback=True (--resume-fallback) to use an older one."
         raise CheckpointError(
@@ -149,3 +188,116 @@ def _shapes(tree: Any) -> dict[str, tuple[int, ...]]:
 
     leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
     return {"/".join(name(k) for k in path): tuple(leaf.shape) for path, leaf in leaves}
+
+
+def nonfinite(tree: Any) -> list[str]:
+    """``["train/params/embed (3 of 2496 values)", ...]``: the floating-point arrays of
+    ``tree`` that hold NaN or infinity (counted on the devices; a collective with several
+    processes, like any computation on global arrays)."""
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    found = []
+    for path, leaf in leaves:
+        if not hasattr(leaf, "dtype") or not jnp.issubdtype(leaf.dtype, jnp.floating):
+            continue
+        count = int(jnp.sum(~jnp.isfinite(leaf)))
+        if count:
+            name = "/".join(
+                str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path
+            )
+            found.append(f"{name} ({count} of {leaf.size} values)")
+    return found
+
+
+_OS_ERROR_CODE = re.compile(r"os_error_code='?(\d+)")
+
+
+def _reason(e: Exception) -> str:
+    """Why a save failed, in a few words: the OS error when there is one (tensorstore puts its
+    code in the message), else the first line of the message, cut at 200 characters."""
+    errno_ = getattr(e, "errno", None)
+    match = _OS_ERROR_CODE.search(str(e))
+    if errno_ is None and match:
+        errno_ = int(match.group(1))
+    if errno_ is not None:
+        import errno as codes
+
+        hint = ""
+        if errno_ in (codes.ENOSPC, codes.EFBIG, codes.EDQUOT):
+            hint = " (the disk is full or a file-size limit was reached: free space or raise it)"
+        return f"{os.strerror(errno_)}{hint}"
+    first = str(e).splitlines()[0] if str(e) else type(e).__name__
+    return first[:200]
+
+
+class _Hold(logging.Filter):
+    """Holds back every record of a logger (for a save that may fail)."""
+
+    def __init__(self):
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def filter(self, record):
+        self.records.append(record)
+        return False
+
+
+_NOISE = (
+    "Task exception was never retrieved",  # asyncio: the other writes of a failed save
+    "raised an exception",  # orbax: "_SignalingThread.run() raised an exception: ..."
+)
+
+
+class _DropEchoes(logging.Filter):
+    """After a failed save: drop the late echoes of that failure from orbax's threads."""
+
+    def filter(self, record):
+        return not any(n in str(record.msg) for n in _NOISE)
+
+
+def _dropping_loop_closed(previous):
+    """An unraisable hook that drops tensorstore's late "Event loop is closed" callbacks of a
+    failed save and passes everything else to ``previous``."""
+
+    def hook(unraisable):
+        if not (
+            isinstance(unraisable.exc_value, RuntimeError)
+            and "Event loop is closed" in str(unraisable.exc_value)
+        ):
+            previous(unraisable)
+
+    hook.drops_loop_closed = True
+    return hook
+
+
+@contextlib.contextmanager
+def _held_back_echoes():
+    """orbax reports one failed write from every thread that took part (absl and asyncio log
+    records with tracebacks, and tensorstore callbacks into an event loop already closed, which
+    reach `sys.unraisablehook`) before the save raises. Hold them back during the save; if it
+    succeeds, pass them on; if it fails, drop them (and their late arrivals): the error the save
+    raises says it once."""
+    loggers = [logging.getLogger("absl"), logging.getLogger("asyncio")]
+    hold, held_unraisable = _Hold(), []
+    previous_hook = sys.unraisablehook
+    for logger in loggers:
+        logger.addFilter(hold)
+    sys.unraisablehook = held_unraisable.append
+    failed = True
+    try:
+        yield
+        failed = False
+    finally:
+        for logger in loggers:
+            logger.removeFilter(hold)
+        sys.unraisablehook = previous_hook
+        if failed:
+            for logger in loggers:
+                if not any(isinstance(f, _DropEchoes) for f in logger.filters):
+                    logger.addFilter(_DropEchoes())
+            if not getattr(sys.unraisablehook, "drops_loop_closed", False):
+                sys.unraisablehook = _dropping_loop_closed(sys.unraisablehook)
+        else:
+            for record in hold.records:
+                logging.getLogger(record.name).handle(record)
+            for u in held_unraisable:
+                previous_hook(u)

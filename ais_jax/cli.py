@@ -11,21 +11,31 @@
 `train` with no arguments runs the embedded default (configs/quickstart.yaml, shipped in the
 package): a tiny Qwen3-style model, SFT warm start, then GRPO with FP8 rollouts and AIS on
 built-in arithmetic, on CPU in minutes. Errors in the user's input end in one line on stderr
-and exit status 2, not a traceback.
+and exit status 2, not a traceback; so do a full disk, an unwritable --out and an --out that
+another live run holds (its lock, paths.claim_run_dir). Ctrl-C or SIGTERM during `train` or
+`compare` finishes the current RL step, writes its checkpoint and ends with one line saying how
+to resume, exit status 130 or 143 (preemption.py); a second one stops at once. Every JSON
+document printed or written is strict JSON: a non-finite number is null, with a warning.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import logging
+import math
+import shlex
 import sys
 from importlib import resources
 from pathlib import Path
 
+from ais_jax import preemption
+from ais_jax.config import SEED_RANGE, show
 from ais_jax.hf import CheckpointError
+from ais_jax.paths import dumps_strict, os_error_message
 from ais_jax.tasks import RewardError
+
+log = logging.getLogger("ais_jax.cli")
 
 
 def default_config_path() -> Path:
@@ -35,6 +45,25 @@ def default_config_path() -> Path:
 def _new_run_dir(prefix: str) -> Path:
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     return Path("runs") / f"{prefix}-{stamp}"
+
+
+def _print_json(obj, where: str, **kwargs) -> None:
+    """``obj`` on stdout as strict JSON; non-finite numbers become null, with a warning."""
+    text, bad = dumps_strict(obj, **kwargs)
+    if bad:
+        log.warning("%s: non-finite %s printed as null.", where, bad)
+    print(text)
+
+
+def _require(ok: bool, option: str, value, allowed: str) -> None:
+    if not ok:
+        raise ValueError(f"{option} {show(value)} is invalid: {allowed}.")
+
+
+def _positive(option: str, value, *, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    _require(1 <= value < 2**31, option, value, "must be an integer in [1, 2**31)")
 
 
 def _load(args):
@@ -55,16 +84,32 @@ def _cmd_train(args) -> int:
     else:
         cfg = _load(args)
     print(f"ais-jax train: writing to {out}", file=sys.stderr)
-    summary = run_training(
-        cfg,
-        out,
-        resume=args.resume,
-        fallback=args.resume_fallback,
-        show_progress=not args.no_progress,
-    )
-    print(json.dumps(summary, indent=2))
+    with preemption.graceful_stop(out) as stop:
+        summary = run_training(
+            cfg,
+            out,
+            resume=args.resume,
+            fallback=args.resume_fallback,
+            show_progress=not args.no_progress,
+        )
+    _print_json(summary, "summary", indent=2)
     print(describe(summary), file=sys.stderr)
-    return 0
+    return _late_signal(stop, "train", out)
+
+
+def _late_signal(stop, command: str, out: Path) -> int:
+    """A signal that came after the last stop point: the run finished anyway; say so, and
+    exit with the signal's status as a stopped process does."""
+    if stop is None or stop.signum is None:
+        return 0
+    import signal
+
+    name = signal.Signals(stop.signum).name
+    print(
+        f"ais-jax {command}: {name} arrived after the last step; {out} is complete.",
+        file=sys.stderr,
+    )
+    return 128 + stop.signum
 
 
 def _restored_run(run_dir: Path):
@@ -79,8 +124,9 @@ def _restored_run(run_dir: Path):
 
 
 def _cmd_eval(args) -> int:
+    _positive("--examples", args.examples, optional=True)
     run = _restored_run(Path(args.run))
-    print(json.dumps(run.evaluate(args.examples), indent=2))
+    _print_json(run.evaluate(args.examples), "eval", indent=2)
     return 0
 
 
@@ -93,15 +139,33 @@ def _cmd_sample(args) -> int:
     from ais_jax.sampler import generate
     from ais_jax.train import sync_rollout_params
 
+    _positive("--n", args.n)
+    _positive("--max-new-tokens", args.max_new_tokens, optional=True)
+    _require(0 <= args.seed < SEED_RANGE, "--seed", args.seed, "must be an integer in [0, 2**32)")
+    _require(
+        math.isfinite(args.temperature) and args.temperature > 0,
+        "--temperature",
+        args.temperature,
+        "must be a finite number > 0",
+    )
     if args.run:
         run = _restored_run(Path(args.run))
         config, tokenizer, rollout = run.model_config, run.tokenizer, run.cfg.rollout
         params = run.state.params
     else:
+        from ais_jax.checkpoint import nonfinite
         from ais_jax.config import RolloutConfig
 
         tokenizer = HFTokenizer(args.checkpoint)
         config, params = load_hf(args.checkpoint)
+        bad = nonfinite(params)
+        if bad:
+            log.warning(
+                "%s holds non-finite weights (NaN or inf) in %s; log-probabilities computed "
+                "from them are NaN (printed as null).",
+                args.checkpoint,
+                ", ".join(bad[:6]) + (f" and {len(bad) - 6} more" if len(bad) > 6 else ""),
+            )
         rollout = RolloutConfig()
     import dataclasses
 
@@ -123,13 +187,16 @@ def _cmd_sample(args) -> int:
         pad_id=tokenizer.pad_id,
     )
     lengths = np.asarray(ro.lengths) - np.asarray(ro.finished)
-    for text, lp, m in zip(
-        decode_responses(tokenizer, np.asarray(ro.tokens), lengths),
-        np.asarray(ro.logp_plain),
-        np.asarray(ro.mask),
-        strict=True,
+    for i, (text, lp, m) in enumerate(
+        zip(
+            decode_responses(tokenizer, np.asarray(ro.tokens), lengths),
+            np.asarray(ro.logp_plain),
+            np.asarray(ro.mask),
+            strict=True,
+        )
     ):
-        print(json.dumps({"prompt": args.prompt, "response": text, "logp": float(lp[m].sum())}))
+        row = {"prompt": args.prompt, "response": text, "logp": float(lp[m].sum())}
+        _print_json(row, f"sample {i}")
     return 0
 
 
@@ -147,20 +214,29 @@ def _cmd_export(args) -> int:
 def _cmd_compare(args) -> int:
     from ais_jax.compare import run_comparison
 
+    _positive("--seeds", args.seeds)
     cfg = _load(args)
     out = Path(args.out) if args.out else _new_run_dir("compare")
     print(f"ais-jax compare: writing to {out}", file=sys.stderr)
-    table = run_comparison(
-        cfg,
-        out,
-        seeds=args.seeds,
-        arms=args.arms,
-        vary_sft=args.vary_sft,
-        start=args.start,
-        show_progress=not args.no_progress,
-    )
+    # an interrupted comparison continues where it stopped when it is run again
+    again = [a for a in args.argv if a != "--no-progress"]
+    again += [] if args.out else ["--out", str(out)]
+    preemption.set_resume_hint(lambda _: "ais-jax " + shlex.join(again))
+    try:
+        with preemption.graceful_stop(out) as stop:
+            table = run_comparison(
+                cfg,
+                out,
+                seeds=args.seeds,
+                arms=args.arms,
+                vary_sft=args.vary_sft,
+                start=args.start,
+                show_progress=not args.no_progress,
+            )
+    finally:
+        preemption.set_resume_hint(None)
     print(table)
-    return 0
+    return _late_signal(stop, "compare", out)
 
 
 def _cmd_plan(args) -> int:
@@ -169,9 +245,17 @@ def _cmd_plan(args) -> int:
     return plan_main(args)
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage mistakes are one line too: ``ais-jax <command>: error: ... (see --help)``."""
+
+    def error(self, message: str):
+        message = message if len(message) <= 240 else message[:237] + "..."
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ais-jax", description=__doc__.split("\n\n")[0])
-    sub = p.add_subparsers(dest="command")
+    p = _Parser(prog="ais-jax", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", parser_class=_Parser)
 
     def with_config(sp):
         sp.add_argument("--config", help="YAML config (default: the embedded quickstart)")
@@ -268,14 +352,32 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("ais_jax").setLevel(logging.INFO)
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    args = parser.parse_args(argv or ["train"])
-    if args.command is None:
-        args = parser.parse_args(["train", *argv])
+    try:
+        args = parser.parse_args(argv or ["train"])
+        if args.command is None:
+            argv = ["train", *argv]
+            args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, or a usage error (already reported in one line)
+        return e.code if isinstance(e.code, int) else 2
+    args.argv = argv or ["train"]
     try:
         return args.fn(args)
+    except preemption.Interrupted as e:
+        print(f"ais-jax {args.command}: {e}", file=sys.stderr)
+        return e.exit_status
     except (ValueError, CheckpointError, FileNotFoundError, RewardError) as e:
-        print(f"ais-jax {args.command}: error: {e}", file=sys.stderr)
+        print(f"ais-jax {args.command}: error: {_one_line(str(e))}", file=sys.stderr)
         return 2
+    except OSError as e:  # a full disk, a file-size limit, a read-only file system
+        print(f"ais-jax {args.command}: error: {os_error_message(e)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # Ctrl-C outside a run's graceful stop (loading, eval, sample)
+        print(f"ais-jax {args.command}: interrupted (SIGINT).", file=sys.stderr)
+        return 130
+
+
+def _one_line(message: str) -> str:
+    return " ".join(message.split()) if "\n" in message else message
 
 
 if __name__ == "__main__":

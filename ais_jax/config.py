@@ -6,6 +6,12 @@ that names it and lists the valid keys; a value of the wrong type or out of rang
 that names the key, the value and what is allowed. Each section validates itself in
 `__post_init__`, so a bad config fails before any array is allocated.
 
+YAML is read with `StrictSafeLoader`: a `yaml.SafeLoader` (plain data, no code) that also
+refuses a key given twice in one mapping (naming the key and both lines), a document whose
+aliases expand to more than `MAX_EXPANDED_NODES` values (a "billion laughs" bomb is refused in
+time linear in its text, never expanded) or refer to themselves, and integers too long to read.
+Error messages quote at most ~200 characters of any value (`show`).
+
     model       which network: a built-in preset trained from scratch, or a local HF checkpoint
     task        the verifiable task (tasks/) and its options
     rollout     the rollout engine: number format, sampling, group size, response length
@@ -20,6 +26,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import reprlib
 import types
 import typing
 from pathlib import Path
@@ -36,10 +43,29 @@ LEVELS = ("token", "sequence", "geometric")
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 
 
+MAX_SHOWN = 200  # characters of a value an error message quotes
+MAX_EXPANDED_NODES = 100_000  # values a YAML document may hold once its aliases are expanded
+SEED_RANGE = 2**32  # the data pipeline and `jax.random.key` take seeds in [0, 2**32)
+MAX_TASK_DIGITS = 100  # numbers in generated tasks: far beyond any rollout length already
+
+_repr = reprlib.Repr()
+_repr.maxlevel, _repr.maxdict, _repr.maxlist, _repr.maxtuple = 3, 8, 8, 8
+_repr.maxstring, _repr.maxother, _repr.maxlong = MAX_SHOWN, MAX_SHOWN, MAX_SHOWN
+
+
+def show(value: Any) -> str:
+    """``repr(value)`` for an error message: at most ~200 characters, quick for any value
+    (nested containers are abbreviated before they are printed, huge integers summarised)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 640:
+        return f"<an integer of about {int(value.bit_length() * 0.30103)} digits>"
+    text = _repr.repr(value)
+    return text if len(text) <= MAX_SHOWN else text[: MAX_SHOWN - 3] + "..."
+
+
 def _check(cond: bool, section: str, key: str, value: Any, allowed: str) -> None:
     if not cond:
         name = f"{section}.{key}" if section else key
-        raise ValueError(f"{name}={value!r} is invalid: {allowed}.")
+        raise ValueError(f"{name}={show(value)} is invalid: {allowed}.")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -54,6 +80,10 @@ class ModelSpec:
     num_kv_heads: int | None = None
     head_dim: int | None = None
     intermediate_size: int | None = None
+
+    def __post_init__(self):
+        for key, value in self.overrides().items():
+            _check(1 <= value < 2**31, "model", key, value, "must be an integer in [1, 2**31)")
 
     def overrides(self) -> dict[str, int]:
         names = (
@@ -77,6 +107,18 @@ class TaskConfig:
 
     def __post_init__(self):
         _check(self.eval_examples >= 1, "task", "eval_examples", self.eval_examples, "must be >= 1")
+        for key, value in self.options.items():
+            if not isinstance(value, int) or isinstance(value, bool):
+                continue
+            if key.endswith("digits"):  # arithmetic's min_digits/max_digits
+                _check(
+                    1 <= value <= MAX_TASK_DIGITS,
+                    "task",
+                    f"options.{key}",
+                    value,
+                    f"must be in [1, {MAX_TASK_DIGITS}] (longer numbers fit no prompt or response)",
+                )
+            _check(abs(value) < 2**63, "task", f"options.{key}", value, "must fit in 64 bits")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -256,6 +298,13 @@ class TrainConfig:
     distributed: DistributedConfig = dataclasses.field(default_factory=DistributedConfig)
 
     def __post_init__(self):
+        _check(
+            0 <= self.seed < SEED_RANGE,
+            "",
+            "seed",
+            self.seed,
+            "must be an integer in [0, 2**32) (the data pipeline's seed range)",
+        )
         _check(self.steps >= 0, "", "steps", self.steps, "must be >= 0")
         _check(
             self.checkpoint_every >= 1,
@@ -291,7 +340,7 @@ def from_dict(cls: type, data: dict[str, Any], *, where: str = "") -> Any:
     if unknown:
         prefix = f"{where}." if where else ""
         raise ValueError(
-            f"Unknown config key(s) {[prefix + k for k in unknown]}; valid keys "
+            f"Unknown config key(s) {show([prefix + str(k) for k in unknown])}; valid keys "
             f"{('in ' + where) if where else 'at the top level'}: {sorted(fields)}."
         )
     kwargs = {}
@@ -313,11 +362,13 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
         return _coerce(inner[0], value, path)
     if origin is Literal:
         if value not in typing.get_args(tp):
-            raise ValueError(f"{path}={value!r} is invalid: allowed {list(typing.get_args(tp))}.")
+            raise ValueError(
+                f"{path}={show(value)} is invalid: allowed {list(typing.get_args(tp))}."
+            )
         return value
     if origin is dict:
         if not isinstance(value, dict):
-            raise ValueError(f"{path} must be a mapping, got {value!r}.")
+            raise ValueError(f"{path} must be a mapping, got {show(value)}.")
         return dict(value)
     if tp is float and isinstance(value, str):  # YAML 1.1 reads "1e-4" as a string
         try:
@@ -326,14 +377,14 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
             pass
     if tp is float and isinstance(value, int | float) and not isinstance(value, bool):
         if not math.isfinite(value):
-            raise ValueError(f"{path}={value!r} is invalid: must be a finite number.")
+            raise ValueError(f"{path}={show(value)} is invalid: must be a finite number.")
         return float(value)
     if tp in (int, str, bool) and not (
         isinstance(value, tp) and (tp is bool or not isinstance(value, bool))
     ):
-        raise ValueError(f"{path}={value!r} has the wrong type: expected {tp.__name__}.")
+        raise ValueError(f"{path}={show(value)} has the wrong type: expected {tp.__name__}.")
     if tp is float and not isinstance(value, float):
-        raise ValueError(f"{path}={value!r} has the wrong type: expected a number.")
+        raise ValueError(f"{path}={show(value)} has the wrong type: expected a number.")
     return value
 
 
@@ -342,19 +393,19 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     data = copy.deepcopy(data)
     for item in overrides:
         if "=" not in item:
-            raise ValueError(f"--set {item!r} must look like section.key=value.")
+            raise ValueError(f"--set {show(item)} must look like section.key=value.")
         dotted, raw = item.split("=", 1)
         keys = dotted.strip().split(".")
         node = data
         for k in keys[:-1]:
             node = node.setdefault(k, {})
             if not isinstance(node, dict):
-                raise ValueError(f"--set {item!r}: {k!r} is not a section.")
+                raise ValueError(f"--set {show(item)}: {show(k)} is not a section.")
         try:
-            node[keys[-1]] = yaml.safe_load(raw)
+            node[keys[-1]] = yaml.load(raw, Loader=StrictSafeLoader)
         except yaml.YAMLError as e:
             raise ValueError(
-                f"--set {item!r}: the value is not valid YAML: {_yaml_error(e)}."
+                f"--set {show(item)}: the value is not valid YAML: {_yaml_error(e)}."
             ) from None
     return data
 
@@ -364,12 +415,30 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Tr
     data: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
-        if not p.is_file():
+        if not p.exists():
             raise ValueError(f"Config file {str(p)!r} does not exist.")
+        if not p.is_file():
+            raise ValueError(f"Config file {str(p)!r} is not a file.")
         try:
-            data = yaml.safe_load(p.read_text()) or {}
+            text = p.read_text()
+        except UnicodeDecodeError as e:
+            raise ValueError(
+                f"Config file {p} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset "
+                f"{e.start})."
+            ) from None
+        except OSError as e:
+            raise ValueError(f"Config file {p} cannot be read: {e.strerror}.") from None
+        try:
+            data = yaml.load(text, Loader=StrictSafeLoader)
         except yaml.YAMLError as e:
             raise ValueError(f"Config file {p} is not valid YAML: {_yaml_error(e)}.") from None
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise ValueError(
+                f"Config file {p}: the config must be a mapping, got {type(data).__name__} "
+                f"{show(data)} (sections like seed: ..., rollout: {{...}})."
+            )
     return from_dict(TrainConfig, apply_overrides(data, list(overrides)))
 
 
@@ -377,7 +446,92 @@ def _yaml_error(e: yaml.YAMLError) -> str:
     """One line: what the parser expected, and where (its own message spans several lines)."""
     mark = getattr(e, "problem_mark", None)
     where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-    return (getattr(e, "problem", None) or " ".join(str(e).split())) + where
+    problem = getattr(e, "problem", None) or " ".join(str(e).split())
+    return problem[:MAX_SHOWN] + where
+
+
+class StrictSafeLoader(yaml.SafeLoader):
+    """`yaml.SafeLoader` (plain data only) that also refuses duplicate keys, alias bombs,
+    self-referring aliases and integers too long to read."""
+
+    def get_single_node(self):
+        node = super().get_single_node()
+        if node is not None:
+            _check_expansion(node)
+        return node
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            first: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag.endswith(":merge"):
+                    continue
+                key = self.construct_object(key_node)
+                if key in first:
+                    raise yaml.constructor.ConstructorError(
+                        None,
+                        None,
+                        f"duplicate key {show(key)} (first given at line {first[key] + 1})",
+                        key_node.start_mark,
+                    )
+                first[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+    def construct_yaml_int(self, node):
+        try:
+            return super().construct_yaml_int(node)
+        except ValueError:  # Python's int-string limit (4300 digits)
+            raise yaml.constructor.ConstructorError(
+                None,
+                None,
+                f"an integer of {len(node.value)} characters is too long to read",
+                node.start_mark,
+            ) from None
+
+
+StrictSafeLoader.add_constructor("tag:yaml.org,2002:int", StrictSafeLoader.construct_yaml_int)
+
+
+def _check_expansion(root: yaml.Node) -> None:
+    """A `ConstructorError` if ``root`` refers to itself through an alias or holds more than
+    `MAX_EXPANDED_NODES` values once every alias is expanded. Each distinct node is visited
+    once (aliases are shared node objects), so a bomb is measured without being expanded."""
+    size: dict[int, int] = {}
+    on_path: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        children = _children(node)
+        if done:
+            on_path.discard(key)
+            size[key] = 1 + sum(size[id(c)] for c in children)
+            if size[key] > MAX_EXPANDED_NODES:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"its aliases expand to more than {MAX_EXPANDED_NODES} values (an alias "
+                    "bomb?); write the values out instead",
+                    node.start_mark,
+                )
+            continue
+        if key in size:
+            continue
+        if key in on_path:
+            raise yaml.constructor.ConstructorError(
+                None, None, "an alias refers to the node that contains it", node.start_mark
+            )
+        on_path.add(key)
+        stack.append((node, True))
+        stack.extend((c, False) for c in children if id(c) not in size)
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
 
 
 def dump_config(config: TrainConfig) -> str:

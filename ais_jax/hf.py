@@ -76,10 +76,7 @@ def read_config(path: str | os.PathLike) -> ModelConfig:
             f"{cfg_file} is missing: a Hugging Face checkpoint directory needs "
             "config.json beside its safetensors files."
         )
-    try:
-        hf = json.loads(cfg_file.read_text())
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{cfg_file} is not valid JSON: {e}.") from None
+    hf = read_json_object(cfg_file)
     try:
         return ModelConfig.from_hf_dict(hf, source=str(cfg_file))
     except ValueError as e:
@@ -89,10 +86,14 @@ def read_config(path: str | os.PathLike) -> ModelConfig:
 def _weight_files(path: Path) -> list[Path]:
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError) as e:
-            raise CheckpointError(f"{index} is not a valid safetensors index ({e!r}).") from None
+        weight_map = read_json_object(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not all(
+            isinstance(v, str) for v in weight_map.values()
+        ):
+            raise CheckpointError(
+                f'{index} is not a valid safetensors index: it needs a "weight_map" from '
+                "tensor names to file names."
+            )
         files = [path / f for f in sorted(set(weight_map.values()))]
         missing = [str(f) for f in files if not f.is_file()]
         if missing:
@@ -174,7 +175,17 @@ def save_hf(
     """Write ``params`` as a Hugging Face directory (config.json + safetensors, sharded with an
     index above ``max_shard_bytes``) that `transformers` loads. Returns the directory."""
     path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
+    if path.exists() and not path.is_dir():
+        raise CheckpointError(
+            f"{str(path)!r} is an existing file, not a directory: give a new or existing "
+            "directory to write the checkpoint into."
+        )
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CheckpointError(
+            f"{str(path)!r} cannot be created ({e.strerror}): give a directory you can write to."
+        ) from None
     tensors: dict[str, np.ndarray] = {}
     for ours, hf in _TOP_NAMES.items():
         if ours in params:
@@ -279,10 +290,34 @@ def _special_ids(folder: Path, key: str) -> list[int]:
     for name in ("generation_config.json", "config.json"):
         f = folder / name
         if f.is_file():
-            value = json.loads(f.read_text()).get(key)
+            value = read_json_object(f).get(key)
             if value is not None:
-                return [int(v) for v in (value if isinstance(value, list) else [value])]
+                values = value if isinstance(value, list) else [value]
+                if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+                    raise CheckpointError(
+                        f"{f}: {key} must be a token id or a list of token ids, got "
+                        f"{json.dumps(value)[:200]}."
+                    )
+                return values
     return []
+
+
+def read_json_object(file: Path) -> dict[str, Any]:
+    """A JSON object from ``file``; a `CheckpointError` naming the file if it cannot be read,
+    is not UTF-8, is not JSON or is not an object."""
+    try:
+        value = json.loads(file.read_text())
+    except UnicodeDecodeError as e:
+        raise CheckpointError(
+            f"{file} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start})."
+        ) from None
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{file} is not valid JSON: {e}.") from None
+    except OSError as e:
+        raise CheckpointError(f"{file} cannot be read: {e.strerror}.") from None
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{file} must hold a JSON object, got {type(value).__name__}.")
+    return value
 
 
 def check_vocab(tokenizer: Any, config: ModelConfig) -> None:

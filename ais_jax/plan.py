@@ -125,6 +125,9 @@ def format_table(rows: dict[str, Row], title: str) -> str:
 
 def main(args) -> int:
     """``ais-jax plan --model NAME --mesh data=D,fsdp=F,tensor=T --batch B --seq S``."""
+    for option, value in (("--batch", args.batch), ("--seq", args.seq)):
+        if not 1 <= value < 2**31:
+            raise ValueError(f"{option} {value} is invalid: must be an integer in [1, 2**31).")
     config = ModelConfig.preset(args.model)
     mesh = shd.MeshConfig.parse(args.mesh)
     fill = [n for n in shd.AXES if getattr(mesh, n) == -1]

@@ -11,6 +11,7 @@ host live); every computation it drives is a jitted pure function of `train.py` 
     checkpoints/<step>/    orbax: train state + data-iterator state (every checkpoint_every)
     plots/*.png            reward, AIS coefficients, ESS and mismatch over steps (at the end)
     summary.json           final held-out accuracy and timings
+    .lock                  flock'ed while a run writes here, with its pid and host (paths.py)
 
 Resuming (`resume=True`) restores the newest complete checkpoint, truncates metrics.jsonl to
 it and continues; on CPU the continued run is bit-identical to an uninterrupted one, because
@@ -33,14 +34,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ais_jax import data, grpo
+from ais_jax import data, grpo, preemption
 from ais_jax import sharding as shd
 from ais_jax.checkpoint import Checkpointer
 from ais_jax.config import TrainConfig, dump_config
 from ais_jax.hf import HFTokenizer, check_vocab, load_hf
 from ais_jax.model import init_params
 from ais_jax.model_config import ModelConfig
-from ais_jax.paths import safe_path
+from ais_jax.paths import claim_run_dir, dumps_strict, safe_path, write_atomic
 from ais_jax.provenance import provenance
 from ais_jax.sampler import Rollout
 from ais_jax.tasks import CharTokenizer, FiniteTask, RewardError, make_task
@@ -480,12 +481,157 @@ def _from_jsonable(state: Any) -> Any:
 
 def write_config(cfg: TrainConfig, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    safe_path(out, "config.yaml").write_text(dump_config(cfg))
+    write_atomic(safe_path(out, "config.yaml"), dump_config(cfg))
 
 
 def append_jsonl(path: Path, row: dict[str, Any]) -> None:
-    with path.open("a") as f:
-        f.write(json.dumps(row) + "\n")
+    """Append ``row`` as one line of strict JSON (a non-finite value is written as null, with a
+    warning naming the file, the step and the keys); an OSError names ``path``."""
+    text, bad = dumps_strict(row)
+    if bad:
+        log.warning("%s: step %s: non-finite %s written as null.", path, row.get("step"), bad)
+    _set_aside_before_first_write(path)
+    try:
+        with path.open("a") as f:
+            f.write(text + "\n")
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, str(path)) from None
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """``obj`` as strict JSON, replacing ``path`` in one rename (never half-written)."""
+    text, bad = dumps_strict(obj, indent=2)
+    if bad:
+        log.warning("%s: non-finite %s written as null.", path, bad)
+    write_atomic(path, text)
+
+
+def _previous_summary(path: Path) -> dict[str, Any]:
+    """The summary.json a resumed run extends; {} with a warning naming the file if it is
+    missing its keys or damaged (the new summary replaces it)."""
+    if not path.exists():
+        return {}
+    try:
+        prev = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        log.warning("%s is not readable JSON (%s); its SFT and start entries are lost.", path, e)
+        return {}
+    return prev if isinstance(prev, dict) else {}
+
+
+# A fresh run into a directory an earlier run left keeps that run's metrics.jsonl and eval.jsonl
+# until it writes its own first row; then they are moved to <name>.old (not deleted).
+_SET_ASIDE: set[Path] = set()
+
+
+def _replace_on_first_write(path: Path) -> None:
+    if path.exists():
+        _SET_ASIDE.add(path.absolute())
+
+
+def _set_aside_before_first_write(path: Path) -> None:
+    if path.absolute() not in _SET_ASIDE:
+        return
+    _SET_ASIDE.discard(path.absolute())
+    old = path.with_name(path.name + ".old")
+    n = 1
+    while old.exists():
+        n += 1
+        old = path.with_name(f"{path.name}.old{n}")
+    if path.exists():
+        path.rename(old)
+        log.warning("%s: the rows of an earlier run in this directory moved to %s.", path, old)
+
+
+def _stop_point(run: Run, writer=None) -> None:
+    """After an RL step: if a signal asked the run to stop (every process agreeing, see
+    preemption.py), write this step's checkpoint unless it was just written, and raise
+    `preemption.Interrupted`."""
+    step = int(run.state.step)
+    signum = preemption.stop_requested(run.out, step)
+    if signum is None:
+        return
+    if run.checkpointer.latest_step() != step:
+        run.save()
+    if writer is not None:
+        writer.close()
+    raise preemption.Interrupted(signum, run.out, step)
+
+
+def _sft_progress(out: Path, bar):
+    """The SFT warm start's progress callback: moves ``bar``, and stops the run there on a
+    signal (`preemption.Interrupted`; nothing to save, the first checkpoint comes after SFT)."""
+
+    def progress(i, n, loss):
+        signum = preemption.stop_requested(out)
+        if signum is not None:
+            raise preemption.Interrupted(signum, out, None)
+        bar.update(i - bar.n)
+        bar.set_postfix(loss=loss)
+
+    return progress
+
+
+class _Events:
+    """TensorBoard events (tensorboardX's `SummaryWriter`, which writes from a thread of its
+    own). An I/O error of that thread (a full disk) is raised at the next `add_scalar` as an
+    OSError naming the directory, instead of a thread traceback on stderr and, once its queue
+    filled up, a hang."""
+
+    def __init__(self, logdir: Path, purge_step: int | None):
+        from tensorboardX import SummaryWriter
+
+        _catch_event_thread_errors()
+        _EVENT_ERRORS.clear()
+        self.logdir = logdir
+        self._writer = SummaryWriter(str(logdir), purge_step=purge_step, max_queue=1000)
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        self._check()
+        self._writer.add_scalar(tag, value, step)
+
+    def close(self) -> None:
+        self._check()
+        try:
+            self._writer.close()
+        except OSError as e:
+            self._fail(e)
+        self._check()
+
+    def _check(self) -> None:
+        if _EVENT_ERRORS:
+            self._fail(_EVENT_ERRORS.pop())
+
+    def _fail(self, e: OSError):
+        # mark the event files closed, or tensorboardX's atexit hook flushes them again
+        for file_writer in (getattr(self._writer, "all_writers", None) or {}).values():
+            if getattr(file_writer, "event_writer", None) is not None:
+                file_writer.event_writer._closed = True
+        raise OSError(e.errno, e.strerror, str(self.logdir)) from None
+
+
+_EVENT_ERRORS: list[OSError] = []
+
+
+def _catch_event_thread_errors() -> None:
+    """Route OSErrors of tensorboardX's writer threads to `_EVENT_ERRORS` (once per process;
+    every other thread exception goes to the previous `threading.excepthook`)."""
+    import threading
+
+    previous = threading.excepthook
+    if getattr(previous, "catches_event_errors", False):
+        return
+
+    def hook(args):
+        if type(args.thread).__name__ == "_EventLoggerThread" and isinstance(
+            args.exc_value, OSError
+        ):
+            _EVENT_ERRORS.append(args.exc_value)
+            return
+        previous(args)
+
+    hook.catches_event_errors = True
+    threading.excepthook = hook
 
 
 # ---- the whole job ------------------------------------------------------------------------------
@@ -500,18 +646,44 @@ def run_training(
     show_progress: bool = True,
     initial_params: Any = None,
 ) -> dict[str, Any]:
+    """`_run_training` holding ``out``'s lock (`paths.claim_run_dir`): a second run on the same
+    directory is refused while this one lives. Inside `preemption.graceful_stop` a SIGINT or
+    SIGTERM ends the run after the current step and its checkpoint (`preemption.Interrupted`)."""
+    out = Path(out)
+    shd.initialize_distributed(cfg.distributed)  # before any other JAX call
+    try:
+        with claim_run_dir(out, jax.process_index()):
+            return _run_training(
+                cfg,
+                out,
+                resume=resume,
+                fallback=fallback,
+                show_progress=show_progress,
+                initial_params=initial_params,
+            )
+    finally:
+        _SET_ASIDE.difference_update({p for p in _SET_ASIDE if p.is_relative_to(out.absolute())})
+
+
+def _run_training(
+    cfg: TrainConfig,
+    out: str | Path,
+    *,
+    resume: bool = False,
+    fallback: bool = False,
+    show_progress: bool = True,
+    initial_params: Any = None,
+) -> dict[str, Any]:
     """SFT warm start (fresh runs), then ``cfg.steps`` RL steps with checkpoints, metrics,
     TensorBoard, a progress bar, plots and a held-out evaluation. Returns the summary.
 
     ``initial_params`` (float32 trainer params) replaces the SFT warm start of a fresh run.
     """
-    from tensorboardX import SummaryWriter
     from tqdm import tqdm
 
     from ais_jax.plots import plot_run
 
     out = Path(out)
-    shd.initialize_distributed(cfg.distributed)  # before any other JAX call
     stack = provenance()  # at the start: the code and versions this run was launched with
     run = Run(cfg, out)
     # Multi-host: every process computes every phase and saves its checkpoint shards (``out``
@@ -538,11 +710,11 @@ def run_training(
             log.warning("--resume: no checkpoint in %s; starting a new run.", out)
         if primary:
             write_config(cfg, out)
-            metrics_file.unlink(missing_ok=True)
+            _replace_on_first_write(metrics_file)
         bar = tqdm(total=cfg.sft.steps, desc="SFT", disable=not show_progress, leave=False)
         t0 = time.perf_counter()
         if initial_params is None:
-            losses = run.sft(lambda i, n, loss: (bar.update(i - bar.n), bar.set_postfix(loss=loss)))
+            losses = run.sft(_sft_progress(out, bar))
         else:
             losses, run.state = [], shd.sharded_init(run.mesh, initial_params, run.optimizer)
         bar.close()
@@ -556,12 +728,13 @@ def run_training(
         if show_progress:
             tqdm.write(f"Start (after the warm start): {_accuracy_words(initial)}")
         if primary:
-            eval_file.unlink(missing_ok=True)
+            _replace_on_first_write(eval_file)
             append_jsonl(eval_file, {"step": 0, **initial})
         run.save()
+        _stop_point(run)
     # after a resume, TensorBoard hides the events of steps that are now re-run
     purge = int(run.state.step) + 1 if resume else None
-    writer = SummaryWriter(str(safe_path(out, "tb")), purge_step=purge) if primary else None
+    writer = _Events(safe_path(out, "tb"), purge) if primary else None
     bar = tqdm(total=cfg.steps, initial=int(run.state.step), desc="GRPO", disable=not show_progress)
     held_out = {}  # the latest held-out greedy accuracy, shown beside the reward
     while int(run.state.step) < cfg.steps:
@@ -589,6 +762,7 @@ def run_training(
                 append_jsonl(eval_file, {"step": row["step"], **evaluation})
                 for k, v in evaluation.items():
                     writer.add_scalar(k, v, row["step"])
+        _stop_point(run, writer)  # a signal: checkpoint this step, then stop
     bar.close()
     final = run.evaluate()
     summary.update(final)
@@ -614,13 +788,13 @@ def run_training(
             summary[f"time/{phase}_s_total"] = sum(r[f"time/{phase}_s"] for r in rows)
         plot_run(metrics_file, safe_path(out, "plots"))
     summary_file = safe_path(out, "summary.json")
-    prev = json.loads(summary_file.read_text()) if resume and summary_file.exists() else {}
+    prev = _previous_summary(summary_file) if resume else {}
     summary = {
         **{k: v for k, v in prev.items() if k.startswith(("initial/", "sft/", "time/sft"))},
         **summary,
     }
     summary["provenance"] = stack
-    summary_file.write_text(json.dumps(summary, indent=2))
+    write_json(summary_file, summary)
     return summary
 
 
@@ -656,7 +830,31 @@ def kill_point(phase: str, step: int) -> None:
 
 
 def _truncate_metrics(path: Path, step: int) -> None:
-    if path.exists():
-        rows = [line for line in path.read_text().splitlines() if line]
-        keep = [line for line in rows if json.loads(line)["step"] <= step]
-        path.write_text("".join(line + "\n" for line in keep))
+    """Keep the rows of ``path`` up to ``step`` (a resumed run writes the later ones again). A
+    torn last line (a run killed mid-write, a full disk) is dropped with a warning; a damaged
+    line before it is a ValueError naming the file and line. The file is replaced in one
+    rename, so a kill here loses nothing."""
+    if not path.exists():
+        return
+    try:
+        lines = path.read_text().splitlines()
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path} cannot be read ({e}); move it away to resume.") from None
+    numbered = [(i, line) for i, line in enumerate(lines, 1) if line.strip()]
+    keep = []
+    for n, (i, line) in enumerate(numbered):
+        try:
+            row = json.loads(line)
+            row_step = row["step"]
+            if not isinstance(row_step, int):
+                raise TypeError("step is not an integer")
+        except (ValueError, KeyError, TypeError) as e:
+            if n == len(numbered) - 1:
+                log.warning("%s:%d: dropped a torn last line (%s).", path, i, e)
+                break
+            raise ValueError(
+                f"{path}:{i}: not a metrics row ({e}); fix or delete that line to resume."
+            ) from None
+        if row_step <= step:
+            keep.append(line)
+    write_atomic(path, "".join(line + "\n" for line in keep))

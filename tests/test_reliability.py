@@ -16,6 +16,13 @@
 4. Inputs never execute code or write outside the run directory: an AST scan of the package for
    pickle, eval/exec, unsafe YAML, torch.load and np.load(allow_pickle=True); weights are read
    from safetensors only; `paths.safe_path` refuses ``..``.
+5. Operating a run, with real processes, signals, locks and file-size limits: an --out that is a
+   file or read-only, a second writer on one --out (refused while the first lives, never after
+   a SIGKILL), SIGINT/SIGTERM (the step is finished and checkpointed, one line says how to
+   resume, 130/143; a second SIGINT stops at once), a full disk (one line, no thread
+   tracebacks, resumable), YAML alias bombs and duplicate keys, numbers out of range, NaN in
+   printed or written JSON (null, with a warning saying where), and damaged or reused run
+   directories (torn last lines, a missing newest checkpoint, old rows kept until replaced).
 
 The subprocess runs share a persistent compilation cache (JAX_COMPILATION_CACHE_DIR), so only
 the first of them compiles: the rest take seconds.
@@ -27,12 +34,15 @@ import ast
 import dataclasses
 import functools
 import json
+import logging
 import math
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import jax
@@ -226,12 +236,13 @@ def test_sigkill_at_random_phases_then_resume_is_bitwise_the_uninterrupted_run(
             partial = out / "checkpoints" / f"{step}.orbax-checkpoint-tmp"
             written = [p for p in partial.rglob("*") if p.is_file()]
             assert any(p.parent.name == "d" for p in written), f"{where}: no arrays in {partial}"
-        assert Checkpointer(out / "checkpoints").steps() == committed[-3:], where  # max_to_keep 3
+        kept = sorted({0, *committed[-3:]})  # step 0 (the warm start) and the newest three
+        assert Checkpointer(out / "checkpoints").steps() == kept, where
 
     proc = train_in_subprocess([*argv, "--resume"], worker_env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"at step {resume_at}" in proc.stderr  # not the half-written checkpoint
-    assert Checkpointer(out / "checkpoints").steps() == saves[-3:]
+    assert Checkpointer(out / "checkpoints").steps() == [0, *saves[-3:]]
 
     strip = lambda r: {k: v for k, v in r.items() if not k.startswith("time/")}  # noqa: E731
     assert [strip(r) for r in read_rows(out)] == [strip(r) for r in ref_rows]
@@ -539,6 +550,26 @@ def _pickle_only(path: Path) -> str:
     return "No *.safetensors file"
 
 
+def _generation_config_not_json(path: Path) -> str:
+    (path / "generation_config.json").write_text('{"eos_token_id": ')
+    return f"{path / 'generation_config.json'} is not valid JSON"
+
+
+def _generation_config_not_utf8(path: Path) -> str:
+    (path / "generation_config.json").write_bytes(b"\x89PNG\r\n")
+    return f"{path / 'generation_config.json'} is not UTF-8 text (byte 0x89 at offset 0)"
+
+
+def _generation_config_a_list(path: Path) -> str:
+    (path / "generation_config.json").write_text("[31]")
+    return f"{path / 'generation_config.json'} must hold a JSON object, got list"
+
+
+def _eos_not_an_id(path: Path) -> str:
+    (path / "generation_config.json").write_text('{"eos_token_id": "<eos>"}')
+    return "generation_config.json: eos_token_id must be a token id or a list of token ids"
+
+
 @pytest.mark.parametrize(
     "breaker",
     [
@@ -549,6 +580,10 @@ def _pickle_only(path: Path) -> str:
         _eos_outside,
         _no_eos,
         _pickle_only,
+        _generation_config_not_json,
+        _generation_config_not_utf8,
+        _generation_config_a_list,
+        _eos_not_an_id,
     ],
     ids=lambda f: f.__name__.strip("_"),
 )
@@ -901,3 +936,549 @@ def test_run_outputs_are_under_the_run_directory(tmp_path):
     runner.write_config(run.cfg, out)
     written = [p for p in tmp_path.rglob("*") if p.is_file()]
     assert written and all(p.is_relative_to(out) for p in written)
+
+
+# ==== 5. operating a run ==========================================================================
+# Where a run may write, two runs on one directory, signals, full disks, hostile YAML, numbers
+# out of range, non-finite outputs and damaged run directories. Processes, signals, locks and
+# file-size limits are real: subprocesses of reliability_worker.py, os.kill, fcntl.flock and
+# RLIMIT_FSIZE (``ulimit -f``).
+
+# A run that would go on for a long time: the tests stop it.
+LONG = ["--set", "steps=100000", "--set", "checkpoint_every=1000"]
+# What a clean failure never prints, from any thread.
+NOISE = (
+    "Traceback",
+    "KeyboardInterrupt",
+    "ERROR:absl",
+    "Task exception",
+    "Event loop is closed",
+    "Exception in thread",
+    "Exception ignored",
+)
+
+
+def assert_no_noise(err: str) -> None:
+    for noise in NOISE:
+        assert noise not in err, err[-3000:]
+
+
+def start_training(argv, env, err_file: Path, prefix=()) -> subprocess.Popen:
+    """``ais-jax train ARGV`` in the background (after the command ``prefix``), stderr to
+    ``err_file``."""
+    return subprocess.Popen(
+        [*prefix, sys.executable, str(WORKER), "train", *argv, "--no-progress"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=err_file.open("w"),
+    )
+
+
+def complete_rows(out: Path, name: str = "metrics.jsonl") -> int:
+    path = out / name
+    return path.read_text().count("\n") if path.exists() else 0
+
+
+def wait_until(condition, proc: subprocess.Popen, err_file: Path, what: str, timeout=300.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc.poll() is not None:
+            pytest.fail(f"exited ({proc.returncode}) before {what}: {err_file.read_text()[-3000:]}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"no {what} after {timeout} s: {err_file.read_text()[-3000:]}")
+        time.sleep(0.02)
+
+
+def strict_loads(text: str):
+    """`json.loads` that refuses NaN and Infinity (not JSON)."""
+
+    def refuse(token):
+        raise ValueError(f"non-JSON token {token}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def strict_rows(path: Path) -> list[dict]:
+    return [strict_loads(line) for line in path.read_text().splitlines()]
+
+
+# -- where a run may write -------------------------------------------------------------------------
+
+
+def test_out_that_is_a_file_or_under_one(tmp_path, capsys, quick_config):
+    file = tmp_path / "notes.txt"
+    file.write_text("keep me")
+    cli_error(capsys, train_argv(quick_config, file), f"--out {str(file)!r} is an existing file")
+    cli_error(
+        capsys, train_argv(quick_config, file / "run"), "cannot be created", "Not a directory"
+    )
+    assert file.read_text() == "keep me"
+
+
+def unprivileged() -> list[str]:
+    """A command prefix under which file permissions hold: root loses CAP_DAC_OVERRIDE."""
+    if os.geteuid() != 0:
+        return []
+    if not shutil.which("setpriv"):
+        pytest.skip("running as root without setpriv: permissions cannot be enforced")
+    return ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
+
+
+def test_out_in_a_read_only_directory(tmp_path, quick_config, worker_env):
+    """A new --out under a read-only directory, and an existing read-only --out."""
+    prefix = unprivileged()
+    parent = tmp_path / "ro"
+    (parent / "old").mkdir(parents=True)
+    for d in (parent / "old", parent):
+        d.chmod(0o555)
+    try:
+        for out, fragment in (
+            (parent / "new", "cannot be created (Permission denied"),
+            (parent / "old", "is not writable (Permission denied"),
+        ):
+            argv = ["--config", str(quick_config), "--out", str(out), "--no-progress"]
+            proc = subprocess.run(
+                [*prefix, sys.executable, str(WORKER), "train", *argv],
+                env=worker_env,
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            assert proc.returncode == 2, proc.stderr
+            assert_no_noise(proc.stderr)
+            last = proc.stderr.strip().splitlines()[-1]
+            assert last.startswith(f"ais-jax train: error: --out {str(out)!r} "), last
+            assert fragment in last, last
+        assert sorted(p.name for p in parent.iterdir()) == ["old"]
+    finally:
+        for d in (parent, parent / "old"):
+            d.chmod(0o755)
+
+
+def test_export_hf_to_an_existing_file(tmp_path, capsys):
+    out = tmp_path / "run"
+    Run(config_from(QUICK), out).save()
+    runner.write_config(config_from(QUICK), out)
+    file = tmp_path / "model"
+    file.write_text("not a directory")
+    cli_error(
+        capsys,
+        ["export-hf", "--run", str(out), "--to", str(file)],
+        f"{str(file)!r} is an existing file, not a directory",
+    )
+    assert file.read_text() == "not a directory"
+
+
+# -- two runs, one directory -----------------------------------------------------------------------
+
+
+def test_second_writer_is_refused_and_a_killed_runs_lock_does_not_block_resume(
+    tmp_path, capsys, quick_config, worker_env
+):
+    out, err = tmp_path / "run", tmp_path / "first.err"
+    first = start_training(
+        ["--config", str(quick_config), "--out", str(out), *LONG], worker_env, err
+    )
+    try:
+        wait_until(lambda: complete_rows(out) >= 2, first, err, "two RL steps")
+        holder = f"pid {first.pid} on host "
+        busy = f"--out {str(out)!r} is in use by another ais-jax run ({holder}"
+        cli_error(capsys, ["train", "--out", str(out), "--resume", "--no-progress"], busy)
+        cli_error(capsys, train_argv(quick_config, out), busy)  # before "already holds checkpoints"
+    finally:
+        first.kill()  # SIGKILL: the kernel drops its lock, the lock file stays
+        first.wait()
+    steps = [r["step"] for r in read_rows(out)]
+    assert steps == list(range(1, len(steps) + 1))  # nobody else wrote here
+    assert (out / ".lock").exists()
+    proc = train_in_subprocess(["--out", str(out), "--resume", "--set", "steps=1"], worker_env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"Resumed from {out / 'checkpoints'} at step 0" in proc.stderr
+
+
+# -- SIGINT and SIGTERM ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_signal_finishes_the_step_saves_it_and_says_how_to_resume(
+    tmp_path, quick_config, worker_env, sig
+):
+    """The step under way is finished and checkpointed (the schedule would not have saved it:
+    checkpoint_every=1000), one line says how to resume, exit status 128 + signal."""
+    out, err = tmp_path / "run", tmp_path / "train.err"
+    proc = start_training(
+        ["--config", str(quick_config), "--out", str(out), *LONG], worker_env, err
+    )
+    wait_until(lambda: complete_rows(out) >= 2, proc, err, "two RL steps")
+    proc.send_signal(sig)
+    assert proc.wait(timeout=120) == 128 + sig
+    text = err.read_text()
+    assert_no_noise(text)
+    step = len(read_rows(out))
+    name = signal.Signals(sig).name
+    assert text.strip().splitlines()[-1] == (
+        f"ais-jax train: Stopped by {name} after step {step}, checkpoint saved in "
+        f"{out / 'checkpoints' / str(step)}; resume with: ais-jax train --out {out} --resume"
+    )
+    assert Checkpointer(out / "checkpoints").steps() == [0, step]
+    assert [r["step"] for r in read_rows(out)] == list(range(1, step + 1))
+    if sig == signal.SIGTERM:  # and the resume takes it from there
+        proc = train_in_subprocess(
+            ["--out", str(out), "--resume", "--set", f"steps={step + 1}"], worker_env
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert f"Resumed from {out / 'checkpoints'} at step {step}" in proc.stderr
+        assert [r["step"] for r in read_rows(out)] == list(range(1, step + 2))
+
+
+def test_second_ctrl_c_stops_at_once(tmp_path, quick_config, worker_env):
+    """Both SIGINTs arrive during the held-out evaluation after step 2 (thousands of prompts):
+    the first asks for a stop after it, the second ends the process there, without a
+    checkpoint of step 2; the newest checkpoint (step 0) is where a resume starts."""
+    out, err = tmp_path / "run", tmp_path / "train.err"
+    slow_eval = ["--set", "eval_every=2", "--set", "task.eval_examples=6000"]
+    argv = ["--config", str(quick_config), "--out", str(out), *LONG, *slow_eval]
+    proc = start_training(argv, worker_env, err)
+    wait_until(lambda: complete_rows(out) >= 2, proc, err, "two RL steps")
+    proc.send_signal(signal.SIGINT)
+    wait_until(lambda: "finishing the current step" in err.read_text(), proc, err, "the first")
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    text = err.read_text()
+    assert_no_noise(text)
+    assert text.strip().splitlines()[-1] == (
+        "ais-jax: second SIGINT: stopping now, without a checkpoint; resume from the newest "
+        f"one with: ais-jax train --out {out} --resume"
+    )
+    assert Checkpointer(out / "checkpoints").steps() == [0]
+    assert complete_rows(out, "eval.jsonl") == 1  # the evaluation of step 2 never finished
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def test_sigterm_to_one_host_stops_every_host_after_the_same_step(
+    tmp_path, quick_config, worker_env
+):
+    """Two processes (one CPU device each) train one run; the scheduler preempts host 1 only.
+    JAX's preemption notice reaches host 0 too: both finish the same step, both write their
+    shards of its checkpoint, both exit 143 with the same line."""
+    out, port = tmp_path / "run", free_port()
+    procs, errs = [], []
+    for pid in (0, 1):
+        distributed = {
+            "enabled": "true",
+            "coordinator_address": f"localhost:{port}",
+            "num_processes": "2",
+            "process_id": str(pid),
+        }
+        sets = [x for k, v in distributed.items() for x in ("--set", f"distributed.{k}={v}")]
+        errs.append(tmp_path / f"host{pid}.err")
+        argv = ["--config", str(quick_config), "--out", str(out), *LONG, *sets]
+        argv += ["--set", "mesh.data=-1", "--set", "sft.steps=0"]  # one compile less
+        procs.append(start_training(argv, worker_env, errs[-1]))
+    try:
+        wait_until(lambda: complete_rows(out) >= 2, procs[0], errs[0], "two RL steps", 600)
+        procs[1].send_signal(signal.SIGTERM)
+        codes = [p.wait(timeout=300) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    texts = [e.read_text() for e in errs]
+    assert codes == [143, 143], texts
+    step = len(read_rows(out))
+    for text in texts:
+        assert_no_noise(text)
+        assert (
+            text.strip()
+            .splitlines()[-1]
+            .startswith(
+                f"ais-jax train: Stopped by SIGTERM after step {step}, checkpoint saved in "
+            )
+        ), text[-2000:]
+    assert Checkpointer(out / "checkpoints").steps() == [0, step]
+
+
+# -- full disks ------------------------------------------------------------------------------------
+
+
+def file_size_limit(kib: int) -> list[str]:
+    """A command prefix: ``ulimit -f KIB`` then the command (a write past it fails, EFBIG)."""
+    return ["bash", "-c", 'ulimit -f "$0" && exec "$@"', str(kib)]
+
+
+@pytest.mark.parametrize(
+    "kib, fragment",
+    [
+        (16, "Checkpoint {ckpt}/0 could not be written: File too large"),
+        (48, "error: File too large: "),  # the checkpoints fit; TensorBoard events or metrics not
+    ],
+    ids=["checkpoint", "events-or-metrics"],
+)
+def test_full_disk_is_one_line_and_the_run_resumes_once_there_is_room(
+    tmp_path, quick_config, worker_env, kib, fragment
+):
+    out, err = tmp_path / "run", tmp_path / "train.err"
+    argv = ["--config", str(quick_config), "--out", str(out), "--set", "steps=400"]
+    proc = start_training(argv, worker_env, err, prefix=file_size_limit(kib))
+    assert proc.wait(timeout=300) == 2
+    text = err.read_text()
+    assert_no_noise(text)
+    last = text.strip().splitlines()[-1]
+    assert (
+        last.startswith("ais-jax train: error: ")
+        and fragment.format(ckpt=out.absolute() / "checkpoints") in last
+    ), last
+    assert "disk is full or a file-size limit was reached" in last
+    saved = Checkpointer(out / "checkpoints").steps()  # never the half-written one
+    proc = train_in_subprocess(
+        ["--out", str(out), "--resume", "--set", f"steps={(saved or [0])[-1] + 1}"], worker_env
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = [r["step"] for r in strict_rows(out / "metrics.jsonl")]
+    assert steps == list(range(1, len(steps) + 1)) and steps
+
+
+# -- YAML ------------------------------------------------------------------------------------------
+
+
+def test_yaml_alias_bomb_is_refused_without_expanding_it(tmp_path, capsys):
+    """A "billion laughs" config: 9 levels of 9 aliases, 9**9 strings once expanded."""
+    lines = ["a0: &a0 [" + ", ".join(["lol"] * 9) + "]"]
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 9)]
+    path = tmp_path / "bomb.yaml"
+    path.write_text("\n".join([*lines, "steps: *a8"]) + "\n")
+    t0 = time.perf_counter()
+    line = cli_error(
+        capsys,
+        ["train", "--config", str(path), "--out", str(tmp_path / "run")],
+        f"Config file {path} is not valid YAML",
+        "aliases expand to more than 100000 values",
+    )
+    assert time.perf_counter() - t0 < 10 and len(line) < 400
+    cli_error(capsys, train_argv(path, tmp_path / "run"), "aliases expand")
+    cli_error(
+        capsys,
+        ["train", "--set", "task.options=&x {a: [*x]}", "--out", str(tmp_path / "run")],
+        "an alias refers to the node that contains it",
+    )
+    assert not (tmp_path / "run").exists()
+
+
+def test_yaml_duplicate_key_names_the_key_and_both_lines(tmp_path, capsys):
+    path = tmp_path / "dup.yaml"
+    path.write_text("steps: 5\nrollout:\n  group_size: 4\n  group_size: 8\n")
+    cli_error(
+        capsys,
+        ["train", "--config", str(path), "--out", str(tmp_path / "run")],
+        "duplicate key 'group_size' (first given at line 3) at line 4",
+    )
+    path.write_text("rollout: &r {group_size: 4}\nsft:\n  <<: {steps: 3}\n  steps: 4\n")
+    assert load_config(path).sft.steps == 4  # a merge key is overridden on purpose: allowed
+
+
+@pytest.mark.parametrize(
+    "setting, fragments",
+    [
+        ("rollout.format=" + "x" * 100_000, ["rollout.format='xxx", "...", "allowed: ['bf16'"]),
+        ("steps=" + "[" * 50 + "]" * 50, ["steps=[[[", "wrong type"]),
+        ("steps=" + "9" * 5000, ["an integer of 5000 characters is too long to read"]),
+        ("task.options={max_digits: " + "9" * 4000 + "}", ["an integer of about 4000 digits"]),
+        ("x" * 10_000 + "=1", ["Unknown config key(s) ['xxx", "..."]),
+    ],
+    ids=["long-string", "deep-list", "long-int", "huge-int", "long-key"],
+)
+def test_error_messages_quote_at_most_about_200_characters_of_a_value(
+    tmp_path, capsys, setting, fragments
+):
+    line = cli_error(
+        capsys, ["train", "--set", setting, "--out", str(tmp_path / "run")], *fragments
+    )
+    assert len(line) < 600, len(line)
+
+
+# -- numbers out of range --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv, fragments",
+    [
+        (["train", "--set", "seed=" + "9" * 30], ["seed=" + "9" * 30, "[0, 2**32)"]),
+        (["train", "--set", "seed=-1"], ["seed=-1 is invalid", "[0, 2**32)"]),
+        (["train", "--set", "task.options.max_digits=5000"], ["max_digits=5000", "[1, 100]"]),
+        (["train", "--set", "model.hidden_size=0"], ["model.hidden_size=0 is invalid"]),
+        (["plan", "--seq", "-5"], ["--seq -5 is invalid: must be an integer in [1, 2**31)"]),
+        (["plan", "--batch", "0"], ["--batch 0 is invalid"]),
+        (["plan", "--seq", "5x"], ["argument --seq: invalid int value: '5x'"]),
+        (["sample", "--run", "r", "--prompt", "1", "--n", "0"], ["--n 0 is invalid"]),
+        (["sample", "--run", "r", "--prompt", "1", "--seed", str(2**32)], ["--seed 4294967296"]),
+        (["sample", "--run", "r", "--prompt", "1", "--temperature", "nan"], ["--temperature nan"]),
+        (["sample", "--run", "r", "--prompt", "1", "--max-new-tokens", "0"], ["--max-new-tokens"]),
+        (["eval", "--run", "r", "--examples", "-3"], ["--examples -3 is invalid"]),
+        (["compare", "--seeds", "0"], ["--seeds 0 is invalid"]),
+    ],
+    ids=[
+        "seed-30-digits",
+        "seed-negative",
+        "max-digits",
+        "hidden-size",
+        "plan-seq",
+        "plan-batch",
+        "plan-seq-not-int",
+        "sample-n",
+        "sample-seed",
+        "sample-temperature",
+        "sample-tokens",
+        "eval-examples",
+        "compare-seeds",
+    ],
+)
+def test_numbers_out_of_range_are_named_with_what_is_allowed(tmp_path, capsys, argv, fragments):
+    if argv[0] in ("train", "compare"):
+        argv = [*argv, "--out", str(tmp_path / "run"), "--no-progress"]
+    cli_error(capsys, argv, *fragments)
+    assert not (tmp_path / "run").exists()
+
+
+# -- non-finite numbers in what the project writes -------------------------------------------------
+
+
+def test_sample_from_non_finite_weights_prints_strict_json_and_says_where(tmp_path, capsys, caplog):
+    cfg = config_from(QUICK)
+    out = tmp_path / "run"
+    run = Run(cfg, out)
+    params = jax.device_get(run.state.params)
+    params["embed"] = np.full_like(params["embed"], np.nan)
+    run.state = run.state.replace(params=jax.device_put(params))
+    run.save()
+    runner.write_config(cfg, out)
+    capsys.readouterr()
+    argv = ["sample", "--run", str(out), "--prompt", "1+1=", "--n", "2", "--max-new-tokens", "2"]
+    assert main(argv) == 0
+    rows = [strict_loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(rows) == 2 and all(r["logp"] is None for r in rows), rows
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(
+        f"Checkpoint {(out / 'checkpoints').absolute() / '0'} holds non-finite values" in w
+        and "train/params/embed (" in w
+        for w in warnings
+    ), warnings
+    assert any("sample 0: non-finite ['logp'] printed as null" in w for w in warnings), warnings
+
+
+def test_json_the_run_writes_is_strict_and_non_finite_values_are_named(tmp_path, caplog):
+    metrics, summary = tmp_path / "metrics.jsonl", tmp_path / "summary.json"
+    runner.append_jsonl(metrics, {"step": 3, "loss": math.nan, "ais/alpha": -math.inf, "ok": 1.0})
+    runner.append_jsonl(metrics, {"step": 4, "loss": np.float32("nan"), "ok": np.float32(2.0)})
+    assert strict_rows(metrics) == [
+        {"step": 3, "loss": None, "ais/alpha": None, "ok": 1.0},
+        {"step": 4, "loss": None, "ok": 2.0},
+    ]
+    runner.write_json(summary, {"eval/accuracy": 0.5, "reward/last": math.inf, "steps": 4})
+    assert strict_loads(summary.read_text()) == {
+        "eval/accuracy": 0.5,
+        "reward/last": None,
+        "steps": 4,
+    }
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert f"{metrics}: step 3: non-finite ['loss', 'ais/alpha'] written as null." in warnings
+    assert f"{summary}: non-finite ['reward/last'] written as null." in warnings
+
+
+# -- damaged or reused run directories -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, worker_env) -> Path:
+    """A QUICK run of 4 steps: checkpoints 0, 2, 4, held-out evaluations at 0, 2, 4. Tests copy
+    it before changing anything."""
+    folder = tmp_path_factory.mktemp("finished")
+    config = write_config(folder / "quick.yaml", config_from(QUICK))
+    out = folder / "run"
+    sets = ["steps=4", "checkpoint_every=2", "eval_every=2"]
+    argv = ["--config", str(config), "--out", str(out), *[a for s in sets for a in ("--set", s)]]
+    proc = train_in_subprocess(argv, worker_env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def test_torn_last_lines_and_a_missing_newest_checkpoint_resume_cleanly(
+    finished_run, tmp_path, worker_env
+):
+    out = Path(shutil.copytree(finished_run, tmp_path / "run"))
+    shutil.rmtree(out / "checkpoints" / "4")
+    for name in ("metrics.jsonl", "eval.jsonl"):
+        with (out / name).open("a") as f:
+            f.write('{"step": 5, "reward/me')  # a run killed in the middle of a write
+    (out / "summary.json").write_text('{"initial/eval/accuracy": 0.')
+    proc = train_in_subprocess(["--out", str(out), "--resume"], worker_env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_no_noise(proc.stderr)
+    assert f"{out / 'metrics.jsonl'}:5: dropped a torn last line" in proc.stderr
+    assert f"{out / 'eval.jsonl'}:4: dropped a torn last line" in proc.stderr
+    assert f"{out / 'summary.json'} is not readable JSON" in proc.stderr
+    assert [r["step"] for r in strict_rows(out / "metrics.jsonl")] == [1, 2, 3, 4]
+    assert [r["step"] for r in strict_rows(out / "eval.jsonl")] == [0, 2, 4]
+    assert strict_loads((out / "summary.json").read_text())["steps"] == 4
+
+
+def test_damaged_line_before_the_last_is_named_not_dropped(finished_run, tmp_path, capsys):
+    out = Path(shutil.copytree(finished_run, tmp_path / "run"))
+    shutil.rmtree(out / "checkpoints" / "4")
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    lines[1] = lines[1][:20]
+    (out / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    cli_error(
+        capsys,
+        ["train", "--out", str(out), "--resume", "--no-progress"],
+        f"{out / 'metrics.jsonl'}:2: not a metrics row",
+        "fix or delete that line",
+    )
+    assert (out / "metrics.jsonl").read_text() == "\n".join(lines) + "\n"
+
+
+def test_fresh_run_into_an_old_run_directory_keeps_the_old_rows_until_replaced(
+    finished_run, tmp_path, capsys, monkeypatch, worker_env
+):
+    """The checkpoints were deleted, the rows were not: a fresh run that fails at once leaves
+    them as they were; one that writes rows moves them to <name>.old first."""
+    out = Path(shutil.copytree(finished_run, tmp_path / "run"))
+    shutil.rmtree(out / "checkpoints")
+    old = {n: (out / n).read_text() for n in ("metrics.jsonl", "eval.jsonl")}
+    monkeypatch.setitem(task_catalog.TASKS, "broken", BrokenReward)
+    config = write_config(tmp_path / "quick.yaml", config_from(QUICK))
+    cli_error(
+        capsys,
+        train_argv(config, out, "task.name=broken", "task.options={}", "sft.steps=0"),
+        "Reward function of task 'broken' raised",
+    )
+    assert {n: (out / n).read_text() for n in old} == old
+    assert not list(out.glob("*.old*"))
+    proc = train_in_subprocess(["--config", str(config), "--out", str(out)], worker_env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for name, text in old.items():
+        assert (out / f"{name}.old").read_text() == text
+        assert f"{out / name}: the rows of an earlier run in this directory moved to" in proc.stderr
+    assert [r["step"] for r in read_rows(out)] == [1, 2]
+
+
+@pytest.mark.parametrize(
+    "content, fragment",
+    [
+        (b"\xff\xfe steps: 3\n", "is not UTF-8 text (byte 0xff at offset 0)"),
+        (b"- steps\n- 3\n", "the config must be a mapping, got list"),
+    ],
+    ids=["not-utf8", "a-list"],
+)
+def test_config_file_problems_name_the_file(tmp_path, capsys, content, fragment):
+    path = tmp_path / "config.yaml"
+    path.write_bytes(content)
+    cli_error(
+        capsys, ["train", "--config", str(path), "--out", str(tmp_path / "r")], str(path), fragment
+    )
