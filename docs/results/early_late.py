@@ -10,7 +10,8 @@ For every arm found in both, the harm of the arm is its final greedy accuracy mi
 reference arm's (bf16) on the same RL seed; this prints the harm from each start with its 95%
 t-interval and the per-seed change of the harm from the early to the late start (late harm
 minus early harm, paired by RL seed: same prompt order and rollout keys), with its interval,
-and the mean ESS, mismatch and entropy of each arm from each start.
+the mean ESS, mismatch and entropy of each arm from each start, and paired contrasts between
+the FP4 corrections from each start.
 """
 
 from __future__ import annotations
@@ -68,6 +69,28 @@ def main(early_dir: str, late_dir: str) -> str:
             )
             + " |"
         )
+    pairs = [("fp4+ais", "fp4+tis"), ("fp4+ais", "fp4"), ("fp4+tis", "fp4"), ("fp4+mis", "fp4")]
+    lines += [
+        "",
+        "| contrast (final greedy, points) | early start | late start |",
+        "|---|---|---|",
+    ]
+    for a, b in pairs:
+        cells = []
+        for results in (early, late):
+            runs = results["runs"]
+            if a in runs and b in runs:
+                cells.append(
+                    _ci(
+                        stats.paired_difference(
+                            [r["final/accuracy"] for r in runs[a]],
+                            [r["final/accuracy"] for r in runs[b]],
+                        )
+                    )
+                )
+            else:
+                cells.append("not run")
+        lines.append(f"| {a} − {b} | {cells[0]} | {cells[1]} |")
     starts = [
         f"{name}: {100 * r['runs'][ref][0]['start/accuracy']:.1f}%"
         for name, r in (("early", early), ("late", late))
