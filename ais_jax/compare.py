@@ -62,7 +62,7 @@ import yaml
 
 from ais_jax import stats
 from ais_jax.config import TrainConfig, dump_config
-from ais_jax.paths import safe_path
+from ais_jax.paths import safe_path, strict_json
 from ais_jax.plots import plot_arm_curves, read_metrics
 
 __all__ = [
@@ -544,15 +544,7 @@ def _collect(cfg, out: Path, arms: list[Arm], seeds: list[int], start_info: dict
 
 def _strict(x: Any) -> Any:
     """``x`` with every non-finite float (and NumPy scalar) replaced by None, for strict JSON."""
-    if isinstance(x, dict):
-        return {k: _strict(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_strict(v) for v in x]
-    if isinstance(x, np.generic):
-        x = x.item()
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    return x
+    return strict_json(x)[0]
 
 
 def _plot(out: Path, arms: list[Arm], seeds: list[int], cfg: TrainConfig) -> None:
