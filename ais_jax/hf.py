@@ -6,6 +6,10 @@ parameter tree of `model.py`; `save_hf(path, config, params)` writes one that
 `transformers.AutoModelForCausalLM.from_pretrained` loads with the same logits. Only safetensors
 is read: no pickle anywhere. Every problem with a directory is one `CheckpointError` paragraph
 that names the file, the tensor or field, and what was expected.
+
+`HFTokenizer(path)` reads the directory's `tokenizer.json` with `tokenizers`, its end-of-sequence
+ids (generation_config.json and tokenizer_config.json) and its Jinja chat template, which
+`HFTokenizer.apply_chat_template` renders as `transformers` does (`ais_jax.tasks.chat`).
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +28,7 @@ import safetensors.numpy
 
 from ais_jax.model import Params, param_shapes
 from ais_jax.model_config import ModelConfig
+from ais_jax.tasks.chat import render_chat_template
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 # our per-layer name -> Hugging Face suffix after "model.layers.{i}."
@@ -239,10 +244,28 @@ def _short(names: list[str]) -> str:
 
 
 class HFTokenizer:
-    """`tokenizers`-backed tokenizer read from a checkpoint's `tokenizer.json`; no chat template.
+    """`tokenizers`-backed tokenizer read from a checkpoint directory, with its chat template.
 
     Same interface as the built-in character tokenizer: ``encode``, ``decode``, ``vocab_size``,
-    ``pad_id``, ``eos_id`` (and ``eos_ids`` for models with several stop tokens).
+    ``pad_id``, ``eos_id``, plus ``eos_ids`` (every id that ends generation), ``chat_template``
+    (the template text, or None) and :meth:`apply_chat_template`.
+
+    Files read beside ``tokenizer.json`` (all optional):
+
+    * ``chat_template.jinja``, else ``tokenizer_config.json``'s ``chat_template`` (a string, or
+      a list of ``{"name", "template"}`` entries of which ``default`` is used): the template.
+      The ``.jinja`` file wins when both exist, as in `transformers`.
+    * ``generation_config.json`` (else ``config.json``): ``eos_token_id`` (an id or a list) and
+      ``pad_token_id``.
+    * ``tokenizer_config.json``: ``eos_token`` and ``pad_token`` (strings, or ``{"content": ...}``
+      objects) and every other ``*_token`` string, which the chat template sees as variables.
+
+    ``eos_ids`` are the generation config's ids, then the tokenizer config's ``eos_token`` if
+    it is not among them; ``eos_id = eos_ids[0]``. For Qwen3-0.6B (generation config
+    ``[151645, 151643]``, ``eos_token`` ``<|im_end|>``) that is ``(151645, 151643)``:
+    ``<|im_end|>`` and ``<|endoftext|>``. With none of these, the first of ``<|im_end|>``,
+    ``<|endoftext|>``, ``</s>`` in the vocabulary is used. ``pad_id`` is the configs'
+    ``pad_token_id``, else the tokenizer config's ``pad_token``, else ``eos_id``.
     """
 
     def __init__(self, path: str | os.PathLike):
@@ -257,23 +280,27 @@ class HFTokenizer:
         except Exception as e:
             raise CheckpointError(f"{file} is not a valid tokenizers file: {e}.") from None
         folder = file.parent
-        self.eos_ids = (
-            tuple(_special_ids(folder, "eos_token_id"))
-            or tuple(
+        config_file = folder / "tokenizer_config.json"
+        config = read_json_object(config_file) if config_file.is_file() else {}
+        self.special_tokens = _special_tokens(config)
+        self.chat_template, self._template_source = _chat_template(folder, config, config_file)
+        named_eos = self._token_ids(config_file, "eos_token")
+        self.eos_ids = tuple(dict.fromkeys(_special_ids(folder, "eos_token_id") + named_eos))
+        if not self.eos_ids:
+            self.eos_ids = tuple(
                 i
                 for t in ("<|im_end|>", "<|endoftext|>", "</s>")
                 if (i := self._tok.token_to_id(t)) is not None
             )[:1]
-        )
         if not self.eos_ids:  # generation could never stop, and demonstrations need one
             raise CheckpointError(
                 f"{file}: no end-of-sequence token: set eos_token_id in generation_config.json "
-                "or config.json beside it, or give the tokenizer <|im_end|>, <|endoftext|> or "
-                "</s>."
+                "or config.json beside it, eos_token in tokenizer_config.json, or give the "
+                "tokenizer <|im_end|>, <|endoftext|> or </s>."
             )
-        pad = _special_ids(folder, "pad_token_id")
-        self.eos_id = self.eos_ids[0] if self.eos_ids else None
-        self.pad_id = pad[0] if pad else (self.eos_id if self.eos_id is not None else 0)
+        self.eos_id = self.eos_ids[0]
+        pad = _special_ids(folder, "pad_token_id") or self._token_ids(config_file, "pad_token")
+        self.pad_id = pad[0] if pad else self.eos_id
 
     @property
     def vocab_size(self) -> int:
@@ -285,8 +312,113 @@ class HFTokenizer:
     def decode(self, ids: Sequence[int], *, skip_special: bool = True) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special)
 
+    def apply_chat_template(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = False,
+        enable_thinking: bool | None = None,
+        tokenize: bool = False,
+        **template_kwargs: Any,
+    ) -> str | list[int]:
+        """The checkpoint's chat template rendered for ``messages`` (text, or its ids with
+        ``tokenize=True``), equal to `transformers`' ``apply_chat_template`` on the same files.
+
+        ``enable_thinking`` is passed to the template unless None (then the template's default
+        applies); ``template_kwargs`` are further template variables (e.g. ``tools``). The
+        tokenizer config's special tokens (``eos_token``, ...) are variables too, overridden by
+        ``template_kwargs``. Token ids are ``encode(text)``: special-token text in a message is
+        read as that special token, as `transformers` does by default.
+
+        >>> tok.apply_chat_template([{"role": "user", "content": "Hi"}],  # doctest: +SKIP
+        ...     add_generation_prompt=True, enable_thinking=False)
+        '<|im_start|>user\\nHi<|im_end|>\\n<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n'
+        """
+        import jinja2
+
+        if self.chat_template is None:
+            raise CheckpointError(
+                f"{self._template_source} has no chat template: put one in "
+                'tokenizer_config.json ("chat_template") or chat_template.jinja, or prompt '
+                "this checkpoint with plain text (encode)."
+            )
+        if enable_thinking is not None:
+            template_kwargs = {"enable_thinking": enable_thinking, **template_kwargs}
+        try:
+            text = render_chat_template(
+                self.chat_template,
+                messages,
+                add_generation_prompt=add_generation_prompt,
+                **{**self.special_tokens, **template_kwargs},
+            )
+        except jinja2.TemplateSyntaxError as e:
+            raise CheckpointError(
+                f"The chat template in {self._template_source} is not valid Jinja: {e.message} "
+                f"(template line {e.lineno})."
+            ) from None
+        except jinja2.TemplateError as e:
+            raise ValueError(
+                f"The chat template in {self._template_source} rejected the messages: {e}"
+            ) from None
+        return self.encode(text) if tokenize else text
+
+    def _token_ids(self, config_file: Path, key: str) -> list[int]:
+        """``[id]`` of the tokenizer config's ``key`` token (e.g. ``eos_token``), or ``[]``."""
+        token = self.special_tokens.get(key)
+        if token is None:
+            return []
+        token_id = self._tok.token_to_id(token)
+        if token_id is None:
+            raise CheckpointError(
+                f"{config_file}: {key} {token!r} is not in the tokenizer's vocabulary."
+            )
+        return [token_id]
+
+
+def _special_tokens(config: dict[str, Any]) -> dict[str, str]:
+    """The tokenizer config's named tokens, ``{"eos_token": "<|im_end|>", ...}``: every
+    ``*_token`` key whose value is a string or an ``{"content": str}`` object."""
+    tokens = {}
+    for key, value in config.items():
+        if isinstance(value, dict) and isinstance(value.get("content"), str):
+            value = value["content"]
+        if key.endswith("_token") and isinstance(value, str):
+            tokens[key] = value
+    return tokens
+
+
+def _chat_template(
+    folder: Path, config: dict[str, Any], config_file: Path
+) -> tuple[str | None, str]:
+    """``(template text or None, where it came from)``; ``chat_template.jinja`` wins over the
+    tokenizer config's ``chat_template``, as in transformers' ``from_pretrained``."""
+    jinja_file = folder / "chat_template.jinja"
+    if jinja_file.is_file():
+        try:
+            return jinja_file.read_text(encoding="utf-8"), str(jinja_file)
+        except (OSError, UnicodeDecodeError) as e:
+            raise CheckpointError(f"{jinja_file} cannot be read as UTF-8 text: {e}.") from None
+    value = config.get("chat_template")
+    if value is None:
+        return None, str(folder)
+    if isinstance(value, list):  # the older multi-template form
+        named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
+        value = named.get("default")
+        if not isinstance(value, str):
+            raise CheckpointError(
+                f"{config_file}: chat_template is a list of named templates without a string "
+                f"'default' one (names: {sorted(map(str, named))})."
+            )
+    if not isinstance(value, str):
+        raise CheckpointError(
+            f"{config_file}: chat_template must be a Jinja string, got {type(value).__name__}."
+        )
+    return value, str(config_file)
+
 
 def _special_ids(folder: Path, key: str) -> list[int]:
+    """``key`` (``eos_token_id``, ``pad_token_id``) from generation_config.json, else from
+    config.json, as a list; ``[]`` if neither has it."""
     for name in ("generation_config.json", "config.json"):
         f = folder / name
         if f.is_file():
@@ -328,6 +460,7 @@ def check_vocab(tokenizer: Any, config: ModelConfig) -> None:
             f"vocab_size ({config.vocab_size}); they do not belong together."
         )
     special = {"eos_id": tokenizer.eos_id, "pad_id": tokenizer.pad_id}
+    special |= {f"eos_ids[{i}]": e for i, e in enumerate(tokenizer.eos_ids) if i > 0}
     outside = {k: v for k, v in special.items() if not 0 <= v < config.vocab_size}
     if outside:
         raise CheckpointError(

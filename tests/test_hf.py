@@ -393,6 +393,59 @@ def test_tokenizer_special_ids_come_from_generation_config(hf_checkpoint, tmp_pa
     assert (tok.eos_id, tok.eos_ids, tok.pad_id) == (7, (7, 95), 3)
 
 
+def test_tokenizer_config_adds_its_eos_and_pad(hf_checkpoint, tmp_path):
+    """The tokenizer config's eos_token joins the generation config's ids (after them);
+    its pad_token is used when no config names a pad_token_id; {"content": ...} objects work."""
+    folder = Path(shutil.copytree(hf_checkpoint(), tmp_path / "ckpt"))
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [7]}))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps({"eos_token": "<eos>", "pad_token": {"content": "3", "special": False}})
+    )
+    tok = HFTokenizer(folder)
+    assert (tok.eos_id, tok.eos_ids, tok.pad_id) == (7, (7, 95), 3)
+    (folder / "generation_config.json").unlink()
+    (folder / "config.json").write_text(
+        json.dumps({**json.loads((folder / "config.json").read_text()), "eos_token_id": 95})
+    )
+    tok = HFTokenizer(folder)
+    assert (tok.eos_id, tok.eos_ids, tok.pad_id) == (95, (95,), 3)  # no duplicate
+    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
+    with pytest.raises(CheckpointError, match=r"eos_token '</s>' is not in the tokenizer's vocab"):
+        HFTokenizer(folder)
+
+
+def test_tokenizer_chat_template_from_tokenizer_config(hf_checkpoint, tmp_path):
+    folder = Path(shutil.copytree(hf_checkpoint(), tmp_path / "ckpt"))
+    tok = HFTokenizer(folder)
+    assert tok.chat_template is None
+    with pytest.raises(CheckpointError, match=r"has no chat template: put one in tokenizer_config"):
+        tok.apply_chat_template([{"role": "user", "content": "1 2"}])
+    template = (
+        "{% for m in messages %}{{ m.content }} {% endfor %}"
+        "{% if add_generation_prompt %}{{ 9 if enable_thinking is defined else 8 }} {% endif %}"
+        "{{ eos_token }}"
+    )
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps({"chat_template": template, "eos_token": "<eos>"})
+    )
+    tok = HFTokenizer(folder)
+    messages = [{"role": "user", "content": "1 2"}, {"role": "assistant", "content": "3"}]
+    assert tok.apply_chat_template(messages) == "1 2 3 <eos>"
+    assert tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True) == [
+        1,
+        2,
+        3,
+        8,
+        95,
+    ]
+    assert (
+        tok.apply_chat_template(
+            messages, add_generation_prompt=True, enable_thinking=False, eos_token="4"
+        )
+        == "1 2 3 9 4"
+    )
+
+
 def test_tokenizer_errors(hf_checkpoint, tmp_path):
     config, _ = load_hf(hf_checkpoint(), dtype=jnp.float32)
     tok = HFTokenizer(hf_checkpoint())
@@ -404,6 +457,11 @@ def test_tokenizer_errors(hf_checkpoint, tmp_path):
         r"the model's vocab_size \(64\)",
     ):
         check_vocab(tok, small)
+    tok.eos_ids = (95, 96)  # a second stop id outside the embedding
+    with pytest.raises(
+        CheckpointError, match=r"special id\(s\) \{'eos_ids\[1\]': 96\} are outside"
+    ):
+        check_vocab(tok, config)
     with pytest.raises(CheckpointError, match=r"tokenizer\.json is missing"):
         HFTokenizer(tmp_path)
     (tmp_path / "tokenizer.json").write_text("{ nope")

@@ -13,9 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ais_jax.tasks import (
+    GSM8K_INSTRUCTION,
+    MATH_INSTRUCTION,
     TASKS,
     Arithmetic,
     CharTokenizer,
+    ChatFormat,
     Countdown,
     Example,
     FiniteTask,
@@ -23,12 +26,14 @@ from ais_jax.tasks import (
     ParseError,
     Sudoku,
     Task,
-    answers_match,
-    extract_answer,
+    final_answer_text,
+    final_number,
+    gsm8k_reward,
     last_boxed,
     load_gsm8k,
     load_math,
     make_task,
+    math_reward,
     parse_expression,
     parse_number,
 )
@@ -97,11 +102,14 @@ def test_example_is_frozen():
     ex = Example(prompt="1+1=", answer="2", demonstration="2")
     with pytest.raises(dataclasses.FrozenInstanceError):
         ex.answer = "3"
+    assert ex.messages is None  # plain-text prompt
+    chat = Example(prompt="q", answer="2", demonstration="2", messages=({"role": "user"},))
+    assert hash(chat) == hash(Example(prompt="q", answer="2", demonstration="2"))  # dicts inside
 
 
 @pytest.mark.parametrize(
     "module",
-    ["answers", "arithmetic", "catalog", "countdown", "sudoku", "tokenizer"],
+    ["answers", "arithmetic", "catalog", "chat", "countdown", "rewards", "sudoku", "tokenizer"],
 )
 def test_docstring_examples(module):
     results = doctest.testmod(importlib.import_module(f"ais_jax.tasks.{module}"))
@@ -450,16 +458,10 @@ def test_sudoku_rejects_bad_n_blank(n_blank):
         ("42", 42),
         ("-7", -7),
         ("1,234", 1234),
-        ("$1,234.50.", Fraction(2469, 2)),
+        (" 1,234.50 ", Fraction(2469, 2)),
         ("0.5", Fraction(1, 2)),
-        (".5", Fraction(1, 2)),
-        ("3/4", Fraction(3, 4)),
-        ("\\frac{3}{4}", Fraction(3, 4)),
-        ("-\\dfrac{1}{2}", Fraction(-1, 2)),
-        ("\\tfrac{6}{4}", Fraction(3, 2)),
-        ("\\$ 5", 5),
-        ("1/0", None),
-        ("\\sqrt{2}", None),
+        ("1,23", None),  # not a thousands separator
+        ("3/4", None),  # ground truths are plain numbers; fractions are read by final_number
         ("x", None),
         ("", None),
     ],
@@ -469,42 +471,62 @@ def test_parse_number(text, value):
 
 
 @pytest.mark.parametrize(
-    "a, b, match",
+    "text, value",
     [
-        ("0.5", "1/2", True),
-        ("\\frac{1}{2}", "0.50", True),
-        ("1,000", "1000", True),
-        ("72.", "72", True),
-        ("\\sqrt{2}", "\\sqrt{2}", True),
-        ("\\dfrac{\\pi}{2}", "\\frac{\\pi}{2}", True),
-        ("\\left( 1, 2 \\right)", "(1,2)", True),
-        ("\\text{(B)}", "(B)", True),
-        ("2", "3", False),
-        ("\\sqrt{2}", "\\sqrt{3}", False),
+        ("42", 42),
+        ("$1,234.50.", Fraction(2469, 2)),
+        ("\\$1{,}234", 1234),
+        ("1\\,234\\,567", 1234567),
+        ("\u22125 degrees", -5),
+        ("3/4 of a cup", Fraction(3, 4)),
+        ("\\frac{3}{4}", Fraction(3, 4)),
+        ("-\\dfrac{1}{2}", Fraction(-1, 2)),
+        ("\\tfrac{6}{4}", Fraction(3, 2)),
+        ("3 \\times 6 = 18 \\text{ apples}", 18),
+        ("x = -3", -3),
+        ("25\\%", 25),
+        ("1/0", None),
+        ("\\frac{1}{0}", None),
+        ("**72**", 72),
+        ("The answer is 72.", 72),
+        ("\\sqrt{2}", None),  # operands are not stated answers
+        ("\\sqrt[3]{8}", None),
+        ("2^{10}", None),
+        ("48 + 24", None),
+        ("3 \\times 6", None),
+        ("\\text{forty-two}", None),
+        ("", None),
     ],
 )
-def test_answers_match(a, b, match):
-    assert answers_match(a, b) is match
+def test_final_number(text, value):
+    assert final_number(text) == value
 
 
 @settings(max_examples=100, deadline=None)
 @given(st.integers(-10_000, 10_000), st.integers(1, 10_000))
 def test_fraction_spellings_agree(p, q):
     value = Fraction(p, q)
-    spellings = [f"{p}/{q}", f"\\frac{{{p}}}{{{q}}}"]
+    spellings = [f"{p}/{q}", f"\\frac{{{p}}}{{{q}}}", f"x = {p}/{q}"]
     if value.denominator in (1, 2, 4, 5, 8, 10):
         spellings.append(f"{float(value):.4f}")
+    if value.denominator == 1:
+        spellings.append(f"${value.numerator:,}.00 in total")
     for spelling in spellings:
-        assert answers_match(spelling, f"{p}/{q}"), spelling
+        assert final_number(spelling) == value, spelling
 
 
-def test_extract_answer_priority():
-    assert extract_answer("so 5 and \\boxed{\\frac{3}{4}} then 9") == "\\frac{3}{4}"
-    assert extract_answer("3*8=24 #### 1,024 apples. 7") == "1,024"
-    assert extract_answer("it is 12, not 13.") == "13"
-    assert extract_answer("no numbers") is None
+def test_final_answer_is_the_last_box_or_hashes():
+    assert final_answer_text("so 5 and \\boxed{\\frac{3}{4}} then 9") == "\\frac{3}{4}"
+    assert final_answer_text("3*8=24 #### 1,024 apples. 7\nbye") == "1,024 apples. 7"
+    assert final_answer_text("#### 5 then \\boxed{6}") == "6"
+    assert final_answer_text("\\boxed{6} then #### 5") == "5"
+    assert final_answer_text("####\n\n  42\n") == "42"
+    assert final_answer_text("it is 12, not 13.") is None  # no marker: no answer
+    assert final_answer_text("#### 5 then \\boxed{6") is None  # the last box is cut off
+    assert final_answer_text("ends in ####") is None
     assert last_boxed("\\boxed{\\frac{1}{2}") is None  # unbalanced
     assert last_boxed("\\fbox{7}") == "7"
+    assert last_boxed("\\boxed {  x^{2}  }") == "x^{2}"
 
 
 def _write(tmp_path, lines, name="data.jsonl"):
@@ -527,20 +549,25 @@ _MATH = [
 
 def test_gsm8k_loading_and_reward(tmp_path):
     task = load_gsm8k(_write(tmp_path, _GSM))
-    assert task.name == "gsm8k" and len(task.examples) == 2
+    assert task.name == "gsm8k" and len(task.examples) == 2 and task.verifier is gsm8k_reward
     first, second = task.examples
-    assert first.prompt.startswith("Ann") and first.answer == "7" and second.answer == "1024"
+    question = "Ann has 3 apples and buys 4. How many?"
+    assert first.prompt == f"{question} {GSM8K_INSTRUCTION}"  # verl's user message
+    assert first.messages == ({"role": "user", "content": first.prompt},)
+    assert first.answer == "7" and second.answer == "1024"
     assert "<<" not in first.demonstration and first.demonstration.endswith("#### 7")
     for response, reward in [
-        ("3 plus 4 is 7.", 1.0),
         ("#### 7", 1.0),
-        ("7.0", 1.0),
-        ("#### 7\nmaybe 8", 1.0),
-        ("8", 0.0),
+        ("3 + 4 = 7\n#### 7 apples.", 1.0),
+        ("So she has $\\boxed{7}$ apples.", 1.0),
+        ("#### 7.0", 1.0),
+        ("#### 7\nmaybe #### 8", 0.0),  # the last #### counts
+        ("3 plus 4 is 7.", 0.0),  # no final-answer marker
+        ("#### 8", 0.0),
         ("", 0.0),
     ]:
         assert task.reward(first, response) == reward, response
-    assert task.reward(second, "#### 1,024") == task.reward(second, "1024 cents") == 1.0
+    assert task.reward(second, "#### 1,024") == task.reward(second, "\\boxed{1024}") == 1.0
     for ex in task.examples:
         assert task.reward(ex, ex.demonstration) == 1.0
 
@@ -548,18 +575,46 @@ def test_gsm8k_loading_and_reward(tmp_path):
 def test_math_loading_and_reward(tmp_path):
     task = load_math(_write(tmp_path, _MATH))
     first = task.examples[0]
-    assert task.name == "math" and first.answer == "\\frac{3}{4}"
+    assert task.name == "math" and first.answer == "\\frac{3}{4}" and task.verifier is math_reward
+    assert first.prompt == f"Simplify 6/8. {MATH_INSTRUCTION}"
+    assert first.messages == ({"role": "user", "content": first.prompt},)
     for response, reward in [
         ("\\boxed{\\frac{3}{4}}", 1.0),
         ("\\boxed{\\dfrac{3}{4}}", 1.0),
         ("\\boxed{0.75}", 1.0),
-        ("the answer is 3/4", 1.0),
+        ("\\boxed{3/4}", 1.0),
+        ("the answer is 3/4", 0.0),  # no box: no answer
         ("\\boxed{3/5}", 0.0),
-        ("\\boxed{\\frac{3}{4}", 0.0),  # unbalanced: falls back to the last number, 4
+        ("\\boxed{\\frac{3}{4}", 0.0),  # cut off
     ]:
         assert task.reward(first, response) == reward, response
     for ex in task.examples:
         assert task.reward(ex, ex.demonstration) == 1.0
+
+
+def test_chat_format_options(tmp_path):
+    """System prompt, instruction and thinking switch reach the messages; the defaults and the
+    plain-text prompt are verl's; an empty or null instruction leaves the bare question."""
+    path = _write(tmp_path, _GSM)
+    task = load_gsm8k(path, system_prompt="You are a careful solver.", enable_thinking=False)
+    ex = task.examples[0]
+    assert ex.messages == (
+        {"role": "system", "content": "You are a careful solver."},
+        {"role": "user", "content": f"{ex.prompt}"},
+    )
+    assert task.chat.template_kwargs == {"enable_thinking": False}
+    assert load_gsm8k(path).chat == ChatFormat(instruction=GSM8K_INSTRUCTION)
+    assert load_gsm8k(path).chat.template_kwargs == {}
+    for bare in (None, ""):
+        ex = load_gsm8k(path, instruction=bare).examples[1]
+        assert ex.prompt == "How many cents in $10.24?"
+        assert ex.messages == ({"role": "user", "content": ex.prompt},)
+    task = make_task("math", path=_write(tmp_path, _MATH, "m.jsonl"), instruction="Box it.")
+    assert task.examples[1].prompt == "2+2? Box it."
+    with pytest.raises(TypeError, match="enable_thinking must be true, false or null"):
+        load_gsm8k(path, enable_thinking="no")
+    with pytest.raises(TypeError, match="instruction must be a string or None, got 3"):
+        load_math(_write(tmp_path, _MATH, "m.jsonl"), instruction=3)
 
 
 def test_jsonl_task_sample_is_deterministic(tmp_path):
@@ -610,7 +665,7 @@ def test_empty_and_all_bad_files_are_errors(tmp_path):
     with pytest.raises(ValueError, match=r"on_error must be one of \('raise', 'skip'\)"):
         load_gsm8k(path, on_error="drop")
     with pytest.raises(ValueError, match="at least one example"):
-        JsonlTask(name="x", examples=())
+        JsonlTask(name="x", examples=(), verifier=gsm8k_reward)
 
 
 # ---------------------------------------------------------------- tokenizer
@@ -619,6 +674,7 @@ def test_empty_and_all_bad_files_are_errors(tmp_path):
 def test_tokenizer_ids_are_fixed():
     tok = CharTokenizer()
     assert (tok.pad_id, tok.bos_id, tok.eos_id, tok.vocab_size) == (0, 1, 2, 78)
+    assert tok.chat_template is None and tok.eos_ids == (tok.eos_id,)  # plain-text prompts
     assert tok.encode("\n 09=|Aa") == [3, 4, 14, 23, 24, 25, 26, 52]
     assert tok.vocab_size <= 128
 
@@ -654,6 +710,11 @@ def test_make_task_builds_every_synthetic_task():
 def test_make_task_loads_jsonl(tmp_path):
     task = make_task("gsm8k", path=_write(tmp_path, _GSM))
     assert isinstance(task, JsonlTask) and len(task.examples) == 2
+    task = make_task("gsm8k", path=_write(tmp_path, _GSM), instruction=None, enable_thinking=False)
+    assert task.examples[0].prompt == "Ann has 3 apples and buys 4. How many?"
+    assert task.chat.template_kwargs == {"enable_thinking": False}
+    with pytest.raises(ValueError, match=r"unknown argument\(s\) \['system'\] .*'system_prompt'"):
+        make_task("gsm8k", path=_write(tmp_path, _GSM), system="x")
 
 
 def test_make_task_errors_list_valid_choices():

@@ -1,20 +1,26 @@
-"""Final-answer extraction and comparison for math word problems (GSM8K, MATH).
+"""Where a math response states its final answer, and GSM8K's numbers (no dependencies).
 
-A response to a math problem states its answer in one of three ways, tried in this order:
+A response states its final answer in LaTeX ``\\boxed{...}`` (MATH's convention, and what
+instruction-tuned models write when asked to) or after ``####`` (GSM8K's). When a response
+holds several, the *last* one counts -- the rule of verl's reward functions
+(``verl/utils/reward_score/gsm8k.py`` takes the last ``#### <number>`` match,
+``math_reward.py`` the last ``\\boxed{}``):
 
-1. LaTeX ``\\boxed{...}`` (MATH convention): the content of the *last* ``\\boxed{}`` (or
-   ``\\fbox{}``), braces balanced, so ``\\boxed{\\frac{3}{4}}`` gives ``\\frac{3}{4}``;
-2. ``#### 42`` (GSM8K convention): the first number after the last ``####``;
-3. otherwise the last number in the text.
+* :func:`last_boxed`: the content of the last ``\\boxed{...}`` / ``\\fbox{...}``, braces
+  balanced, or None if there is none or it is cut off (a truncated response);
+* :func:`final_answer_text` (GSM8K): whichever of the last ``\\boxed{}`` and the last ``####``
+  comes later; after ``####`` the answer is the rest of that line;
+* :func:`final_number` (GSM8K): the first number in that text, after its last ``=`` if it has
+  one (``\\boxed{3 \\times 6 = 18}`` states 18), with ``$``, ``\\$``, thousands separators
+  (``1,234``, ``1{,}234``, ``1\\,234``), units and a trailing period ignored; ``\\frac{a}{b}``
+  and ``a/b`` are read as fractions. A number that is a root, exponent or subscript argument,
+  or is followed by an operator, is not a stated answer (``\\sqrt{2}``, ``2^{10}`` and
+  ``48 + 24`` state none);
+* :func:`parse_number`: a GSM8K ground truth (``"1,024"``, ``"-3"``, ``"0.5"``) as an exact
+  :class:`fractions.Fraction`.
 
-Two answers match if both parse as numbers and are equal as exact fractions, else if their
-normalized strings are equal. Numbers: integers and decimals with optional sign,
-thousands separators (``1,234``), ``a/b``, ``\\frac{a}{b}`` (also ``\\dfrac``, ``\\tfrac``);
-surrounding ``$``, ``\\$``, spaces, LaTeX spacing (``\\!``, ``\\,``) and a trailing ``.`` are
-ignored. So ``0.5 == 1/2 == \\frac{1}{2} == $0.50``. Normalized strings drop whitespace,
-``$``, ``\\left``/``\\right``, LaTeX spacing, ``^\\circ``, ``\\text{...}`` wrappers and a
-trailing ``.``, and read ``\\dfrac``/``\\tfrac`` as ``\\frac`` -- a deliberately small subset
-of the MATH benchmark's normalizer; it does not decide algebraic equivalence.
+MATH answers (``\\frac{1}{2}`` vs ``0.5``, intervals, sets, matrices) are compared by
+``math-verify`` in :mod:`ais_jax.tasks.rewards`, not here.
 """
 
 from __future__ import annotations
@@ -22,45 +28,41 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
-__all__ = ["answer_after_hashes", "answers_match", "extract_answer", "last_boxed", "parse_number"]
+__all__ = [
+    "answer_after_hashes",
+    "final_answer_text",
+    "final_number",
+    "last_boxed",
+    "parse_number",
+]
 
-_BOX_OPENERS = ("\\boxed{", "\\fbox{")
-_NUMBER = re.compile(r"(?<![\d.])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?")
-_DECIMAL = r"-?(?:\d+(?:\.\d*)?|\.\d+)"
-_FRAC = re.compile(rf"(-?)\\[dt]?frac\{{({_DECIMAL})\}}\{{({_DECIMAL})\}}")
-_RATIO = re.compile(rf"({_DECIMAL})/({_DECIMAL})")
-_NOISE = ("\\left", "\\right", "\\!", "\\,", "\\;", "\\:", "\\$", "$", "^\\circ", "^{\\circ}")
-_TEXT = re.compile(r"\\(?:text|textbf|mathrm|mbox)\{([^{}]*)\}")
+_BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_DIGITS = r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"
+# first match wins: a fraction, a ratio, else a plain number (never a part of a longer one)
+_NUMBER = re.compile(
+    rf"(?P<frac>(?P<fsign>-?)\\[dt]?frac\{{(?P<fnum>-?{_DIGITS})\}}\{{(?P<fden>-?{_DIGITS})\}})"
+    rf"|(?<![\d.,])(?P<ratio>(?P<rnum>-?{_DIGITS})\s*/\s*(?P<rden>{_DIGITS}))"
+    rf"|(?<![\d.,])(?P<plain>-?{_DIGITS})"
+)
+_PLAIN = re.compile(rf"(?<![\d.,])-?{_DIGITS}")
+# LaTeX, typographic and Markdown spellings: 1{,}000 and 1\,000 (thin space), U+2212 minus, **bold**
+_SPELLINGS = (("{,}", ","), ("\\,", ""), ("\\!", ""), ("\u2212", "-"), ("\\$", "$"), ("**", ""))
+# what makes a number an operand rather than a stated answer
+_BEFORE_OPERAND = ("\\sqrt", "\\sqrt[", "^", "_")
+_AFTER_OPERAND = ("+", "-", "*", "/", "^", "_", "\u00d7", "\u00f7", "\\times", "\\cdot", "\\div")
 
 
 def last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` / ``\\fbox{...}``, or None if absent or unbalanced.
+    """Content of the last ``\\boxed{...}`` / ``\\fbox{...}``, stripped; None if there is none
+    or its braces never close.
 
     >>> last_boxed(r"so \\boxed{1} then \\boxed{\\frac{3}{4}}.")
     '\\\\frac{3}{4}'
+    >>> last_boxed(r"\\boxed{1} and then \\boxed{\\frac{3}{"), last_boxed("no box") is None
+    (None, True)
     """
-    start = max(
-        text.rfind(opener) + len(opener) if opener in text else -1 for opener in _BOX_OPENERS
-    )
-    if start < 0:
-        return None
-    depth = 1
-    for i in range(start, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[i], 0)
-        if depth == 0:
-            return text[start:i]
-    return None
-
-
-def extract_answer(response: str) -> str | None:
-    """The final answer stated in ``response`` (boxed, then ``####``, then last number)."""
-    boxed = last_boxed(response)
-    if boxed is not None:
-        return boxed
-    if "####" in response:
-        return answer_after_hashes(response)
-    matches = _NUMBER.findall(response)
-    return matches[-1] if matches else None
+    opening = _last_box(text)
+    return None if opening is None else _balanced(text, opening.end())
 
 
 def answer_after_hashes(text: str) -> str | None:
@@ -70,50 +72,90 @@ def answer_after_hashes(text: str) -> str | None:
     ('1,024', 'yes')
     """
     tail = text.rsplit("####", 1)[1] if "####" in text else ""
-    match = _NUMBER.search(tail)
+    match = _PLAIN.search(tail)
     return match.group() if match else tail.strip() or None
 
 
-def parse_number(text: str) -> Fraction | None:
-    """``text`` as an exact number, or None if it is not one.
+def final_answer_text(response: str) -> str | None:
+    """The text of the final answer: the last ``\\boxed{}``'s content or the line after the
+    last ``####``, whichever comes later in ``response``; None if neither is there (or the
+    last box is cut off).
 
-    >>> parse_number("$1,234.50."), parse_number(r"\\frac{3}{4}"), parse_number("x")
-    (Fraction(2469, 2), Fraction(3, 4), None)
+    >>> final_answer_text("#### 5 is wrong, so \\\\boxed{6}.")
+    '6'
+    >>> final_answer_text("\\\\boxed{5}\\nNo:\\n#### 6 apples\\nDone."), final_answer_text("6")
+    ('6 apples', None)
     """
-    text = _strip_noise(text).replace(",", "")
-    try:
-        if match := _FRAC.fullmatch(text):
-            sign = -1 if match.group(1) else 1
-            return sign * Fraction(match.group(2)) / Fraction(match.group(3))
-        if match := _RATIO.fullmatch(text):
-            return Fraction(match.group(1)) / Fraction(match.group(2))
-        if re.fullmatch(_DECIMAL, text):
-            return Fraction(text)
-    except (ZeroDivisionError, ValueError):  # x/0, or more digits than int() accepts
+    hashes = response.rfind("####")
+    opening = _last_box(response)
+    if opening is not None and opening.start() > hashes:
+        return _balanced(response, opening.end())
+    if hashes < 0:
         return None
-    return None
+    lines = response[hashes + 4 :].strip().splitlines()
+    return lines[0].strip() if lines else None
 
 
-def answers_match(predicted: str, truth: str) -> bool:
-    """Whether ``predicted`` states the same answer as ``truth`` (numerically, else textually).
+def final_number(text: str) -> Fraction | None:
+    """The number ``text`` states (after its last ``=``), as an exact fraction, or None.
 
-    >>> answers_match("0.5", "1/2"), answers_match(r"\\dfrac{1}{2}", "0.50")
-    (True, True)
-    >>> answers_match("2", "3"), answers_match(r"\\sqrt{2}", r"\\sqrt{2}.")
-    (False, True)
+    >>> final_number(r"\\$1,234.50."), final_number(r"3 \\times 6 = 18 \\text{ apples}")
+    (Fraction(2469, 2), Fraction(18, 1))
+    >>> final_number(r"-\\frac{3}{4}"), final_number("7/2 hours"), final_number("none")
+    (Fraction(-3, 4), Fraction(7, 2), None)
+    >>> final_number(r"\\sqrt{2}"), final_number("2^{10}"), final_number("48 + 24")
+    (None, None, None)
     """
-    a, b = parse_number(predicted), parse_number(truth)
-    if a is not None and b is not None:
-        return a == b
-    return _normalize(predicted) == _normalize(truth)
+    for spelling, plain in _SPELLINGS:
+        text = text.replace(spelling, plain)
+    text = text.rsplit("=", 1)[-1]
+    match = _NUMBER.search(text)
+    if match is None or _is_operand(text[: match.start()], text[match.end() :]):
+        return None
+    try:
+        if match.group("frac"):
+            value = parse_number(match.group("fnum")) / parse_number(match.group("fden"))
+            return -value if match.group("fsign") else value
+        if match.group("ratio"):
+            return parse_number(match.group("rnum")) / parse_number(match.group("rden"))
+    except ZeroDivisionError:  # \frac{1}{0}, 1/0: no number
+        return None
+    return parse_number(match.group("plain"))
 
 
-def _strip_noise(text: str) -> str:
-    text = _TEXT.sub(r"\1", text)
-    for noise in _NOISE:
-        text = text.replace(noise, "")
-    return "".join(text.split()).rstrip(".")
+def parse_number(text: str) -> Fraction | None:
+    """``text`` as an exact number (thousands separators and surrounding spaces allowed), or
+    None if it is not one.
+
+    >>> parse_number("1,024"), parse_number(" -0.50 "), parse_number("1,0"), parse_number("x")
+    (Fraction(1024, 1), Fraction(-1, 2), None, None)
+    """
+    text = text.strip()
+    if not re.fullmatch(rf"-?{_DIGITS}", text):
+        return None
+    try:
+        return Fraction(text.replace(",", ""))
+    except ValueError:  # more digits than int() accepts
+        return None
 
 
-def _normalize(text: str) -> str:
-    return _strip_noise(text).replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+def _is_operand(before: str, after: str) -> bool:
+    """Whether a number with ``before`` and ``after`` around it is part of an expression: the
+    argument of a root, exponent or subscript, or followed by an operator."""
+    before = before.rstrip().rstrip("{").rstrip()
+    return before.endswith(_BEFORE_OPERAND) or after.lstrip().startswith(_AFTER_OPERAND)
+
+
+def _last_box(text: str) -> re.Match | None:
+    """The last ``\\boxed{`` / ``\\fbox{`` opening in ``text``."""
+    return max(_BOX.finditer(text), key=lambda m: m.start(), default=None)
+
+
+def _balanced(text: str, start: int) -> str | None:
+    """``text[start:i]`` up to the brace that closes the one before ``start``, stripped."""
+    depth = 1
+    for i in range(start, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        if depth == 0:
+            return text[start:i].strip()
+    return None

@@ -3,7 +3,9 @@
 GRPO needs two things from a task: prompts to roll out on, and a scalar reward for each
 sampled response. The SFT warm start needs a third: one correct response per prompt. An
 :class:`Example` carries all three as plain strings, so a task never sees tokens; tokenization
-happens later, in the data pipeline's consumer.
+happens later, in the data pipeline's consumer. A task meant for instruction-tuned checkpoints
+(GSM8K, MATH) also gives each example its prompt as chat ``messages``, which the consumer
+renders with the tokenizer's chat template; the synthetic tasks leave ``messages`` None.
 
 A task is anything with
 
@@ -45,11 +47,16 @@ class Example:
         task's business (Sudoku stores the 16-digit solution, GSM8K the final number).
       demonstration: a full response that earns reward 1.0, e.g. ``"432"`` (or a worked
         solution); used as the target of the SFT warm start.
+      messages: the prompt as a conversation, ``({"role": "user", "content": ...},)`` with
+        an optional leading system message, for a tokenizer with a chat template (rendered
+        with ``add_generation_prompt=True``); None for plain-text prompts. ``prompt`` is then
+        the user message's text, for tokenizers without a template. Not part of the hash.
     """
 
     prompt: str
     answer: str
     demonstration: str
+    messages: tuple[dict[str, str], ...] | None = dataclasses.field(default=None, hash=False)
 
 
 @runtime_checkable

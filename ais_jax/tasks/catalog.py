@@ -4,6 +4,10 @@
 registration decorators, no import side effects. :func:`make_task` checks the name and the
 keyword arguments against the constructor's signature before calling it, so a typo in a
 config fails with a message that lists what is allowed instead of a bare ``TypeError``.
+
+The file tasks' prompt options come from the config the same way, e.g.
+``task.options: {path: train.jsonl, instruction: null, enable_thinking: false}`` (see
+:class:`~ais_jax.tasks.chat.ChatFormat`).
 """
 
 from __future__ import annotations
@@ -23,8 +27,9 @@ TASKS: dict[str, Callable[..., Task]] = {
     "arithmetic": Arithmetic,
     "countdown": Countdown,
     "sudoku": Sudoku,
-    "gsm8k": load_gsm8k,  # needs path=
-    "math": load_math,  # needs path=
+    # need path=; take on_error, name, system_prompt, instruction, enable_thinking
+    "gsm8k": load_gsm8k,
+    "math": load_math,
 }
 
 

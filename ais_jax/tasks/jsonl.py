@@ -1,4 +1,4 @@
-"""Tasks read from local JSONL files: GSM8K and MATH conventions.
+"""Tasks read from local JSONL files: GSM8K and MATH, prompted the way RL recipes prompt them.
 
 Each non-blank line is one JSON object:
 
@@ -9,10 +9,15 @@ Each non-blank line is one JSON object:
 * MATH: ``{"problem": "...", "solution": "... \\boxed{\\frac{3}{4}} ..."}``. The answer is
   the content of the last ``\\boxed{}``; the demonstration is the solution as written.
 
-The reward is 1.0 iff the final answer stated in the response (see
-:mod:`ais_jax.tasks.answers`: last ``\\boxed{}``, else after ``####``, else the last number)
-matches the example's answer numerically (``0.5 == 1/2 == \\frac{1}{2}``) or, failing that,
-as a normalized string.
+Prompts follow a :class:`~ais_jax.tasks.chat.ChatFormat`: each example carries ``messages``
+(an optional system message, then the user message ``question + " " + instruction``) for a
+tokenizer with a chat template, and ``prompt``, the user message's text, for one without.
+By default there is no system prompt and the instruction is verl's for the dataset
+(:data:`GSM8K_INSTRUCTION`, :data:`MATH_INSTRUCTION`); ``enable_thinking`` is left to the
+template. Rewards: :func:`~ais_jax.tasks.rewards.gsm8k_reward` (the number after the last
+``####`` or in the last ``\\boxed{}``) and :func:`~ais_jax.tasks.rewards.math_reward` (the last
+``\\boxed{}``, judged by math-verify); :mod:`ais_jax.tasks.rewards` says which published recipe
+each matches.
 
 Malformed lines (not UTF-8, invalid JSON, not an object, a missing or non-string key, a GSM8K
 answer without ``####``, a MATH solution without ``\\boxed{}``) are errors that name the file, the
@@ -26,6 +31,7 @@ skipping, is an error naming the path. Nothing is ever downloaded: the paths are
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import pathlib
 import random
@@ -33,12 +39,25 @@ import re
 import warnings
 from collections.abc import Callable
 
-from ais_jax.tasks.answers import answer_after_hashes, answers_match, extract_answer, last_boxed
+from ais_jax.tasks.answers import answer_after_hashes, last_boxed
 from ais_jax.tasks.base import Example
+from ais_jax.tasks.chat import ChatFormat
+from ais_jax.tasks.rewards import gsm8k_reward, math_reward
 
-__all__ = ["ON_ERROR", "JsonlTask", "load_gsm8k", "load_jsonl", "load_math"]
+__all__ = [
+    "GSM8K_INSTRUCTION",
+    "MATH_INSTRUCTION",
+    "ON_ERROR",
+    "JsonlTask",
+    "load_gsm8k",
+    "load_jsonl",
+    "load_math",
+]
 
 ON_ERROR = ("raise", "skip")
+# verl, examples/data_preprocess/gsm8k.py and math_dataset.py (`instruction_following`)
+GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+MATH_INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
 _CALCULATOR = re.compile(r"<<[^<>]*>>")
 _MAX_LISTED = 20
 
@@ -49,10 +68,21 @@ class _BadLine(Exception):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class JsonlTask:
-    """A fixed list of examples with the math-answer reward; ``sample`` picks one uniformly."""
+    """A fixed list of examples, their chat format and a reward; ``sample`` picks one uniformly.
+
+    Attributes:
+      name: the task's name in logs.
+      examples: the file's examples, in order.
+      verifier: ``verifier(response, answer) -> float`` in ``[0, 1]``, e.g.
+        :func:`~ais_jax.tasks.rewards.gsm8k_reward`.
+      chat: how the examples' ``messages`` were built; ``chat.template_kwargs`` (e.g.
+        ``{"enable_thinking": False}``) go to the tokenizer's chat template with them.
+    """
 
     name: str
     examples: tuple[Example, ...]
+    verifier: Callable[[str, str], float]
+    chat: ChatFormat = ChatFormat()
 
     def __post_init__(self):
         object.__setattr__(self, "examples", tuple(self.examples))
@@ -63,22 +93,45 @@ class JsonlTask:
         return rng.choice(self.examples)
 
     def reward(self, example: Example, response: str) -> float:
-        predicted = extract_answer(response)
-        return float(predicted is not None and answers_match(predicted, example.answer))
+        return self.verifier(response, example.answer)
 
 
 def load_gsm8k(
-    path: str | pathlib.Path, *, on_error: str = "raise", name: str = "gsm8k"
+    path: str | pathlib.Path,
+    *,
+    on_error: str = "raise",
+    name: str = "gsm8k",
+    system_prompt: str | None = None,
+    instruction: str | None = GSM8K_INSTRUCTION,
+    enable_thinking: bool | None = None,
 ) -> JsonlTask:
-    """A :class:`JsonlTask` from a GSM8K-style file (keys ``question``, ``answer``)."""
-    return JsonlTask(name=name, examples=load_jsonl(path, _gsm8k_example, on_error=on_error))
+    """A :class:`JsonlTask` from a GSM8K-style file (keys ``question``, ``answer``), rewarded
+    by :func:`~ais_jax.tasks.rewards.gsm8k_reward`; ``system_prompt``, ``instruction`` and
+    ``enable_thinking`` make its :class:`~ais_jax.tasks.chat.ChatFormat`."""
+    chat = ChatFormat(
+        system_prompt=system_prompt, instruction=instruction, enable_thinking=enable_thinking
+    )
+    examples = load_jsonl(path, functools.partial(_gsm8k_example, chat=chat), on_error=on_error)
+    return JsonlTask(name=name, examples=examples, verifier=gsm8k_reward, chat=chat)
 
 
 def load_math(
-    path: str | pathlib.Path, *, on_error: str = "raise", name: str = "math"
+    path: str | pathlib.Path,
+    *,
+    on_error: str = "raise",
+    name: str = "math",
+    system_prompt: str | None = None,
+    instruction: str | None = MATH_INSTRUCTION,
+    enable_thinking: bool | None = None,
 ) -> JsonlTask:
-    """A :class:`JsonlTask` from a MATH-style file (keys ``problem``, ``solution``)."""
-    return JsonlTask(name=name, examples=load_jsonl(path, _math_example, on_error=on_error))
+    """A :class:`JsonlTask` from a MATH-style file (keys ``problem``, ``solution``), rewarded
+    by :func:`~ais_jax.tasks.rewards.math_reward` (math-verify); ``system_prompt``,
+    ``instruction`` and ``enable_thinking`` make its :class:`~ais_jax.tasks.chat.ChatFormat`."""
+    chat = ChatFormat(
+        system_prompt=system_prompt, instruction=instruction, enable_thinking=enable_thinking
+    )
+    examples = load_jsonl(path, functools.partial(_math_example, chat=chat), on_error=on_error)
+    return JsonlTask(name=name, examples=examples, verifier=math_reward, chat=chat)
 
 
 def load_jsonl(
@@ -151,20 +204,29 @@ def _field(record: dict, key: str) -> str:
     return value
 
 
-def _gsm8k_example(record: dict) -> Example:
+def _gsm8k_example(record: dict, chat: ChatFormat) -> Example:
     question, answer = _field(record, "question"), _field(record, "answer")
     if "####" not in answer:
         raise ValueError("key 'answer' has no '#### <final answer>' marker")
     final = answer_after_hashes(answer)
     if final is None:
         raise ValueError("key 'answer' has nothing after '####'")
-    demonstration = _CALCULATOR.sub("", answer)
-    return Example(prompt=question, answer=final.replace(",", ""), demonstration=demonstration)
+    return Example(
+        prompt=chat.user_content(question),
+        answer=final.replace(",", ""),
+        demonstration=_CALCULATOR.sub("", answer),
+        messages=chat.messages(question),
+    )
 
 
-def _math_example(record: dict) -> Example:
+def _math_example(record: dict, chat: ChatFormat) -> Example:
     problem, solution = _field(record, "problem"), _field(record, "solution")
     boxed = last_boxed(solution)
     if boxed is None:
         raise ValueError("key 'solution' has no balanced \\boxed{...} answer")
-    return Example(prompt=problem, answer=boxed, demonstration=solution)
+    return Example(
+        prompt=chat.user_content(problem),
+        answer=boxed,
+        demonstration=solution,
+        messages=chat.messages(problem),
+    )

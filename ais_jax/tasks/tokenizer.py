@@ -9,8 +9,9 @@ The ids are fixed (changing them would silently invalidate checkpoints)::
     13 '/'    14-23 '0'-'9'   24 '='   25 '|'   26-51 'A'-'Z'   52-77 'a'-'z'
 
 that is, the three special tokens, then the characters of :data:`CHARACTERS` in order. It has
-the interface a ``tokenizers``-backed wrapper for real checkpoints will have: ``encode``,
-``decode``, ``vocab_size``, ``pad_id``, ``bos_id``, ``eos_id``.
+the interface of the ``tokenizers``-backed wrapper for real checkpoints (`ais_jax.hf.HFTokenizer`):
+``encode``, ``decode``, ``vocab_size``, ``pad_id``, ``bos_id``, ``eos_id``, ``eos_ids`` and
+``chat_template`` (always None here: prompts stay plain text).
 ``encode`` adds no special tokens; the caller prepends ``bos_id`` / appends ``eos_id``.
 """
 
@@ -41,7 +42,9 @@ class CharTokenizer:
     pad_id: ClassVar[int] = 0
     bos_id: ClassVar[int] = 1
     eos_id: ClassVar[int] = 2
+    eos_ids: ClassVar[tuple[int, ...]] = (2,)  # every id that ends generation, as in HFTokenizer
     vocab_size: ClassVar[int] = len(SPECIAL_TOKENS) + len(CHARACTERS)
+    chat_template: ClassVar[None] = None  # prompts are plain text (HFTokenizer may have one)
 
     _ids: ClassVar[dict[str, int]] = {c: i + len(SPECIAL_TOKENS) for i, c in enumerate(CHARACTERS)}
 
