@@ -7,58 +7,69 @@ F MLP dim.
 
 Modules a user meets:
 - `ais_jax.ais`, `ais_jax.grpo`: the correction and the loss (arrays in, arrays out; they
-  import no model code, so other JAX codebases can take them alone).
+  import only JAX and chex, so other JAX codebases can take them alone).
 - `forward`, `generate`, `token_logprobs`, `quantize_fp8`: the model, the rollout engine and
   trainer-side scoring.
 - `load_hf`, `save_hf`, `HFTokenizer`: Hugging Face checkpoints in and out.
 - `TrainConfig`, `load_config`, `run_training`: the training job (`ais-jax train`).
+
+Every public name is imported on first use (PEP 562), so `from ais_jax import ais, grpo` loads
+those two modules and nothing of the model, checkpoint or training code (flax, optax, orbax,
+safetensors, yaml, grain); `import ais_jax` alone loads nothing but this file.
 """
 
-from ais_jax import ais, grpo
-from ais_jax.ais import mismatch_metrics
-from ais_jax.config import TrainConfig, load_config
-from ais_jax.hf import CheckpointError, HFTokenizer, load_hf, save_hf
-from ais_jax.model import KVCache, forward, forward_cached, init_cache, init_params
-from ais_jax.model_config import ModelConfig
-from ais_jax.quant import QArray, linear, quantize_fp8, quantize_params, tree_bytes
-from ais_jax.sampler import Rollout, generate, token_logprobs
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import Any
 
 __version__ = "0.1.0"
 
+# public name -> the module that defines it (a name equal to its module's last part is the module)
+_EXPORTS: dict[str, str] = {
+    "ais": "ais_jax.ais",
+    "grpo": "ais_jax.grpo",
+    "mismatch_metrics": "ais_jax.ais",
+    "TrainConfig": "ais_jax.config",
+    "load_config": "ais_jax.config",
+    "CheckpointError": "ais_jax.hf",
+    "HFTokenizer": "ais_jax.hf",
+    "load_hf": "ais_jax.hf",
+    "save_hf": "ais_jax.hf",
+    "KVCache": "ais_jax.model",
+    "forward": "ais_jax.model",
+    "forward_cached": "ais_jax.model",
+    "init_cache": "ais_jax.model",
+    "init_params": "ais_jax.model",
+    "ModelConfig": "ais_jax.model_config",
+    "QArray": "ais_jax.quant",
+    "linear": "ais_jax.quant",
+    "quantize_fp8": "ais_jax.quant",
+    "quantize_params": "ais_jax.quant",
+    "tree_bytes": "ais_jax.quant",
+    "Rollout": "ais_jax.sampler",
+    "generate": "ais_jax.sampler",
+    "token_logprobs": "ais_jax.sampler",
+    "run_training": "ais_jax.runner",
+}
 
-def __getattr__(name: str):
-    # The training loop pulls in grain, orbax and tensorboardX; import it only when asked, so
-    # `import ais_jax` (model, sampler, AIS) works where those are not installed.
-    if name == "run_training":
-        from ais_jax.runner import run_training
-
-        return run_training
-    raise AttributeError(f"module 'ais_jax' has no attribute {name!r}")
+__all__ = sorted(_EXPORTS)
 
 
-__all__ = [
-    "CheckpointError",
-    "HFTokenizer",
-    "KVCache",
-    "ModelConfig",
-    "QArray",
-    "Rollout",
-    "TrainConfig",
-    "ais",
-    "forward",
-    "forward_cached",
-    "generate",
-    "grpo",
-    "init_cache",
-    "init_params",
-    "linear",
-    "load_config",
-    "load_hf",
-    "mismatch_metrics",
-    "quantize_fp8",
-    "quantize_params",
-    "run_training",
-    "save_hf",
-    "token_logprobs",
-    "tree_bytes",
-]
+def __getattr__(name: str) -> Any:
+    """Imports a public name's module on first access (and any `ais_jax.<submodule>`)."""
+    if name in _EXPORTS:
+        module = importlib.import_module(_EXPORTS[name])
+        value = module if _EXPORTS[name] == f"{__name__}.{name}" else getattr(module, name)
+    elif not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        # any submodule, e.g. `ais_jax.quant` after a bare `import ais_jax`
+        value = importlib.import_module(f"{__name__}.{name}")
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -33,6 +33,43 @@ the valid (mask != 0) tokens, standard deviations with ddof = 1:
     alpha_var = max(0, (Delta_sig - gamma) / gamma)
     alpha     = clip(alpha_ess - beta_var * alpha_var, 0, 1) * alpha_mis
 
+Metrics. Every correction returns the same keys, float32 scalars over the valid tokens of the
+call (n of them). With d_t = logp_train_t - logp_rollout_t (clipped to [-20, 20]), the raw
+ratio r_t = exp(d_t), w_bar_t = min(r_t, C) and w_t the weight the correction applies to A_t:
+
+| key                       | definition                                          | reduce |
+|---------------------------|-----------------------------------------------------|--------|
+| `ais/alpha`               | alpha applied: 0 (uncorrected), 1 (TIS, MIS), AIS's | mean   |
+| `ais/alpha_ess`           | (1 + cv^2)^(-1/2)                                   | mean   |
+| `ais/alpha_mis`           | min(1, ais/mismatch / delta)                        | mean   |
+| `ais/alpha_var`           | max(0, (ais/var_ratio - gamma) / gamma)             | mean   |
+| `ais/cv`                  | std(w_bar) / mean(w_bar), ddof = 1                  | mean   |
+| `ais/degenerate`          | 1 if n < 2 (AIS then applies alpha = 0), else 0     | mean   |
+| `ais/ess_ratio_truncated` | 1 / (1 + cv^2) = alpha_ess^2: ESS / n of the        | mean   |
+|                           | truncated weights w_bar, ddof = 1 (SPEC section 3)  |        |
+| `ais/mismatch`            | mean abs(d_t), the same value as mismatch/mean_abs  | mean   |
+| `ais/var_ratio`           | Delta_sig = std(A w_bar) / (std(A) + eps), ddof = 1 | mean   |
+| `is/weight_mean`          | mean w_t                                            | mean   |
+| `is/weight_max`           | max w_t                                             | max    |
+| `is/clip_frac`            | fraction of tokens whose weight was capped (TIS,    | mean   |
+|                           | AIS: ratio > C) or dropped (MIS); 0 if uncorrected  |        |
+| `mismatch/mean_abs`       | mean abs(d_t)                                       | mean   |
+| `mismatch/k1`             | mean(-d_t): k1 estimate of KL(rollout || train)     | mean   |
+| `mismatch/k3`             | mean(r_t - 1 - d_t): k3 estimate of it, >= 0        | mean   |
+| `mismatch/ratio_max`      | max r_t (raw, untruncated)                          | max    |
+| `mismatch/ess_ratio_raw`  | (sum r)^2 / (n sum r^2) = 1 / (1 + cv0(r)^2):       | mean   |
+|                           | Kish's ESS / n of the raw ratios (cv0: ddof = 0)    |        |
+| `mismatch/frac_outside`   | fraction of tokens with r_t outside [1/C, C]        | mean   |
+
+With n = 0, means are 0 and `ais/alpha_ess`, `ais/degenerate`, both ESS ratios and
+`mismatch/ratio_max` are 1.
+
+The two ESS ratios are different quantities and named apart: `ais/ess_ratio_truncated` is the
+one AIS acts on (truncated weights, ddof 1: SPEC's alpha_ess^2), `mismatch/ess_ratio_raw` the
+raw-weight (Kish) ESS other libraries log. "reduce" is how per-minibatch values combine into
+one per step (`reduce_minibatch_metrics`): maxima, whose keys all end in `_max`, by max;
+everything else by mean.
+
 Conventions (shared by every correction):
 - Inputs are cast to float32; each token log-ratio is formed in float32, zeroed where mask == 0
   and clipped to [-20, 20] before exp, so every output is finite unless a valid token's
@@ -44,47 +81,43 @@ Conventions (shared by every correction):
   to any input through a correction (A is a constant in GRPO).
 - On-policy inputs (logp_train == logp_rollout) give rho = 1 exactly and return the advantages
   bitwise unchanged, for every factory.
-- Every correction returns the same metric keys (float32 scalars, finite even for an all-zero
-  mask), so the arms of an experiment plot side by side; the `ais/alpha_*` diagnostics are
-  computed for every arm from the token-level w_bar = min(rho, C).
+- Every correction returns the same metric keys (finite even for an all-zero mask), so the
+  arms of an experiment plot side by side; the `ais/*` diagnostics are computed for every arm
+  from the token-level w_bar = min(rho, C), with the arm's own (delta, gamma, beta_var, eps).
 """
 
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Callable
 
 import chex
 import jax
 import jax.numpy as jnp
 
+from ais_jax.checks import choice, number
+
 Metrics = dict[str, jax.Array]
 Correction = Callable[[jax.Array, jax.Array, jax.Array, jax.Array], tuple[jax.Array, Metrics]]
 
 LOG_RATIO_LIMIT = 20.0
 LEVELS = ("token", "sequence", "geometric")
-_PAPER = dict(delta=0.02, gamma=1.2, beta_var=1.0, eps=1e-6)  # diagnostics of non-AIS arms
 
 
 # ----------------------------------------------------------------------------- validation
-def _number(name: str, value: object, ok: Callable[[float], bool], allowed: str) -> float:
-    """Returns `value` as a float if `ok(value)`, else raises ValueError naming it."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name}={value!r} is not a number; allowed: {allowed}")
-    if not (math.isfinite(value) and ok(float(value))):
-        raise ValueError(f"{name}={value!r} is invalid; allowed: {allowed}")
-    return float(value)
-
-
 def _clip_value(clip: object) -> float:
-    return _number("clip", clip, lambda c: c >= 1.0, "a finite float C >= 1 (w = min(rho, C))")
+    return number("clip", clip, lambda c: c >= 1.0, "a finite float C >= 1 (w = min(rho, C))")
 
 
-def _level_value(level: object, allowed: tuple[str, ...]) -> str:
-    if level not in allowed:
-        raise ValueError(f"level={level!r} is not one of the allowed values {allowed}")
-    return str(level)
+def _diagnostic_settings(clip, delta, gamma, beta_var, eps) -> dict[str, float]:
+    """Validated (clip, delta, gamma, beta_var, eps) of the AIS diagnostics (SPEC section 3)."""
+    return dict(
+        clip=_clip_value(clip),
+        delta=number("delta", delta, lambda x: x > 0, "a finite float > 0"),
+        gamma=number("gamma", gamma, lambda x: x > 0, "a finite float > 0"),
+        beta_var=number("beta_var", beta_var, lambda x: x >= 0, "a finite float >= 0"),
+        eps=number("eps", eps, lambda x: x > 0, "a finite float > 0 (std(A) may be 0)"),
+    )
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -151,8 +184,8 @@ def _mismatch(log_ratio_BT: jax.Array, valid_BT: jax.Array, clip: float) -> Metr
         "mismatch/mean_abs": _mean(jnp.abs(log_ratio_BT), valid_BT),
         "mismatch/k1": _mean(-log_ratio_BT, valid_BT),
         "mismatch/k3": _mean(jnp.expm1(log_ratio_BT) - log_ratio_BT, valid_BT),
-        "mismatch/max_ratio": jnp.where(n > 0, jnp.max(ratio_BT), 1.0),
-        "mismatch/ess_ratio": ess_ratio,
+        "mismatch/ratio_max": jnp.where(n > 0, jnp.max(ratio_BT), 1.0),
+        "mismatch/ess_ratio_raw": ess_ratio,
         "mismatch/frac_outside": _mean(outside_BT.astype(jnp.float32), valid_BT),
     }
 
@@ -174,7 +207,7 @@ def _ais_statistics(advantages_BT, log_ratio_BT, valid_BT, *, clip, delta, gamma
         "ais/alpha_mis": alpha_mis,
         "ais/alpha_var": alpha_var,
         "ais/cv": cv,
-        "ais/ess_ratio": alpha_ess**2,
+        "ais/ess_ratio_truncated": alpha_ess**2,
         "ais/mismatch": mismatch,
         "ais/var_ratio": var_ratio,
         "ais/degenerate": degenerate.astype(jnp.float32),
@@ -207,14 +240,14 @@ def mismatch_metrics(logp_train_BT, logp_rollout_BT, mask_BT, *, clip: float = 5
     - `mismatch/k1`: mean(-d_t) = mean(logp_rollout - logp_train), the k1 estimate of
       KL(rollout || train) (positive when the rollout is more confident in its own samples).
     - `mismatch/k3`: mean((r_t - 1) - log r_t), the non-negative k3 estimate of the same KL.
-    - `mismatch/max_ratio`: max r_t.
-    - `mismatch/ess_ratio`: (sum r)^2 / (n * sum r^2) on the raw (untruncated) ratio.
+    - `mismatch/ratio_max`: max r_t.
+    - `mismatch/ess_ratio_raw`: (sum r)^2 / (n * sum r^2) on the raw (untruncated) ratio.
     - `mismatch/frac_outside`: fraction of tokens with r_t outside [1/clip, clip].
 
-    With no valid token: means are 0 and max_ratio, ess_ratio are 1.
+    With no valid token: means are 0 and ratio_max, ess_ratio_raw are 1.
 
     >>> m = mismatch_metrics(jnp.log(jnp.array([[0.5, 2.0]])), jnp.zeros((1, 2)), jnp.ones((1, 2)))
-    >>> round(float(m["mismatch/mean_abs"]), 3), round(float(m["mismatch/ess_ratio"]), 3)
+    >>> round(float(m["mismatch/mean_abs"]), 3), round(float(m["mismatch/ess_ratio_raw"]), 3)
     (0.693, 0.735)
     """
     clip = _clip_value(clip)
@@ -226,23 +259,46 @@ def mismatch_metrics(logp_train_BT, logp_rollout_BT, mask_BT, *, clip: float = 5
     return _mismatch(log_ratio_BT, valid_BT, clip)
 
 
-def uncorrected(*, clip: float = 5.0) -> Correction:
+def reduce_minibatch_metrics(metrics_U: Metrics) -> Metrics:
+    """One value per key from per-minibatch values stacked on a leading axis U.
+
+    Maxima (keys ending in `_max`) combine by max, so a step's `is/weight_max` is the largest
+    weight of the step and not a mean of minibatch maxima; every other key by mean.
+
+    >>> m = reduce_minibatch_metrics({"is/weight_max": jnp.array([2.0, 5.0]),
+    ...                               "ais/alpha": jnp.array([0.2, 0.4])})
+    >>> float(m["is/weight_max"]), round(float(m["ais/alpha"]), 3)
+    (5.0, 0.3)
+    """
+    return {k: jnp.max(v) if k.endswith("_max") else jnp.mean(v) for k, v in metrics_U.items()}
+
+
+def uncorrected(
+    *,
+    clip: float = 5.0,
+    delta: float = 0.02,
+    gamma: float = 1.2,
+    beta_var: float = 1.0,
+    eps: float = 1e-6,
+) -> Correction:
     """The identity ("FP8 rollout, uncorrected" baseline): A_tilde = A, ais/alpha = 0.
 
-    `clip` (C >= 1) only sets the w_bar = min(rho, C) behind the logged AIS diagnostics.
+    The keyword arguments only set the logged AIS diagnostics (as in `adaptive`): `clip` (C >= 1)
+    the w_bar = min(rho, C) behind them, `delta`, `gamma`, `beta_var` and `eps` the gates.
 
     >>> logp_train, logp_rollout = jnp.log(jnp.array([[0.5, 2.0]])), jnp.zeros((1, 2))
     >>> adv, m = uncorrected()(jnp.array([1.0]), logp_train, logp_rollout, jnp.ones((1, 2)))
     >>> adv.tolist(), float(m["ais/alpha"]), round(float(m["mismatch/k3"]), 3)
     ([[1.0, 1.0]], 0.0, 0.25)
     """
-    clip = _clip_value(clip)
+    hyper = _diagnostic_settings(clip, delta, gamma, beta_var, eps)
+    clip = hyper["clip"]
 
     def correction(advantages, logp_train_BT, logp_rollout_BT, mask_BT):
         adv_BT, log_ratio_BT, valid_BT = _prepare(
             advantages, logp_train_BT, logp_rollout_BT, mask_BT
         )
-        _, stats = _ais_statistics(adv_BT, log_ratio_BT, valid_BT, clip=clip, **_PAPER)
+        _, stats = _ais_statistics(adv_BT, log_ratio_BT, valid_BT, **hyper)
         ones_BT = jnp.ones_like(adv_BT)
         no_BT = jnp.zeros_like(valid_BT)
         return _finish(adv_BT, ones_BT, no_BT, valid_BT, log_ratio_BT, stats, 0.0, clip)
@@ -250,26 +306,36 @@ def uncorrected(*, clip: float = 5.0) -> Correction:
     return correction
 
 
-def truncated(clip: float = 5.0, *, level: str = "token") -> Correction:
+def truncated(
+    clip: float = 5.0,
+    *,
+    level: str = "token",
+    delta: float = 0.02,
+    gamma: float = 1.2,
+    beta_var: float = 1.0,
+    eps: float = 1e-6,
+) -> Correction:
     """Truncated IS (TIS): A_tilde = min(rho, C) * A, ais/alpha = 1.
 
     `level="token"` uses each token's rho; `"sequence"` uses exp(sum_t log rho_t) of the token's
     sequence and `"geometric"` exp(mean_t log rho_t), as in verl's rollout-IS levels.
-    `is/clip_frac` is the fraction of valid tokens whose weight was capped at C.
+    `is/clip_frac` is the fraction of valid tokens whose weight was capped at C. `delta`,
+    `gamma`, `beta_var` and `eps` only set the logged AIS diagnostics (as in `adaptive`).
 
     >>> adv, _ = truncated(2.0)(jnp.array([1.0]), jnp.log(jnp.array([[0.5, 3.0]])),
     ...                         jnp.zeros((1, 2)), jnp.ones((1, 2)))
     >>> [round(x, 3) for x in adv[0].tolist()]
     [0.5, 2.0]
     """
-    clip = _clip_value(clip)
-    level = _level_value(level, LEVELS)
+    hyper = _diagnostic_settings(clip, delta, gamma, beta_var, eps)
+    clip = hyper["clip"]
+    level = choice("level", level, LEVELS)
 
     def correction(advantages, logp_train_BT, logp_rollout_BT, mask_BT):
         adv_BT, log_ratio_BT, valid_BT = _prepare(
             advantages, logp_train_BT, logp_rollout_BT, mask_BT
         )
-        _, stats = _ais_statistics(adv_BT, log_ratio_BT, valid_BT, clip=clip, **_PAPER)
+        _, stats = _ais_statistics(adv_BT, log_ratio_BT, valid_BT, **hyper)
         rho_BT = jnp.exp(_level_log_ratio(log_ratio_BT, valid_BT, level))
         weight_BT = jnp.minimum(rho_BT, clip)
         altered_BT = valid_BT & (rho_BT > clip)
@@ -304,16 +370,12 @@ def adaptive(
     >>> [round(x, 3) for x in adv[0].tolist()], round(float(m["ais/alpha"]), 3)
     ([0.997, 0.4, -0.234, -1.478], 0.847)
     """
-    clip = _clip_value(clip)
-    delta = _number("delta", delta, lambda x: x > 0, "a finite float > 0")
-    gamma = _number("gamma", gamma, lambda x: x > 0, "a finite float > 0")
-    beta_var = _number("beta_var", beta_var, lambda x: x >= 0, "a finite float >= 0")
-    eps = _number("eps", eps, lambda x: x > 0, "a finite float > 0 (std(A) may be 0)")
+    hyper = _diagnostic_settings(clip, delta, gamma, beta_var, eps)
+    clip = hyper["clip"]
     if alpha_override is not None:
-        alpha_override = _number(
+        alpha_override = number(
             "alpha_override", alpha_override, lambda x: 0 <= x <= 1, "None or a float in [0, 1]"
         )
-    hyper = dict(clip=clip, delta=delta, gamma=gamma, beta_var=beta_var, eps=eps)
 
     def correction(advantages, logp_train_BT, logp_rollout_BT, mask_BT):
         adv_BT, log_ratio_BT, valid_BT = _prepare(
@@ -329,31 +391,40 @@ def adaptive(
 
 
 def masked(
-    low: float = 0.5, high: float = 2.0, level: str = "token", *, clip: float = 5.0
+    low: float = 0.5,
+    high: float = 2.0,
+    level: str = "token",
+    *,
+    clip: float = 5.0,
+    delta: float = 0.02,
+    gamma: float = 1.2,
+    beta_var: float = 1.0,
+    eps: float = 1e-6,
 ) -> Correction:
     """Masked IS (MIS / IcePop): A_tilde = A if low <= rho <= high else 0, ais/alpha = 1.
 
     Requires 0 < low <= 1 <= high (so on-policy tokens, rho = 1, are always kept). `level`:
     `"token"` drops single tokens, `"sequence"` whole sequences by exp(sum_t log rho_t) and
     `"geometric"` by exp(mean_t log rho_t). `is/clip_frac` is the fraction of valid tokens
-    dropped; `clip` only sets the C of the logged diagnostics.
+    dropped; `clip`, `delta`, `gamma`, `beta_var` and `eps` only set the logged AIS diagnostics.
 
     >>> adv, m = masked()(jnp.array([1.0]), jnp.log(jnp.array([[0.4, 1.5]])), jnp.zeros((1, 2)),
     ...                   jnp.ones((1, 2)))
     >>> adv.tolist(), float(m["is/clip_frac"])
     ([[0.0, 1.0]], 0.5)
     """
-    low = _number("low", low, lambda x: 0 < x <= 1, "a float in (0, 1]")
-    high = _number("high", high, lambda x: x >= 1, "a finite float >= 1")
-    level = _level_value(level, LEVELS)
-    clip = _clip_value(clip)
+    low = number("low", low, lambda x: 0 < x <= 1, "a float in (0, 1]")
+    high = number("high", high, lambda x: x >= 1, "a finite float >= 1")
+    level = choice("level", level, LEVELS)
+    hyper = _diagnostic_settings(clip, delta, gamma, beta_var, eps)
+    clip = hyper["clip"]
     log_low, log_high = math.log(low), math.log(high)
 
     def correction(advantages, logp_train_BT, logp_rollout_BT, mask_BT):
         adv_BT, log_ratio_BT, valid_BT = _prepare(
             advantages, logp_train_BT, logp_rollout_BT, mask_BT
         )
-        _, stats = _ais_statistics(adv_BT, log_ratio_BT, valid_BT, clip=clip, **_PAPER)
+        _, stats = _ais_statistics(adv_BT, log_ratio_BT, valid_BT, **hyper)
         level_BT = _level_log_ratio(log_ratio_BT, valid_BT, level)
         keep_BT = (level_BT >= log_low) & (level_BT <= log_high)
         weight_BT = keep_BT.astype(jnp.float32)

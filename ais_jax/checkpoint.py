@@ -1,4 +1,9 @@
-"""Training checkpoints with orbax: train state + a JSON record (data iterator, step, config).
+"""Training checkpoints with orbax: train state + a JSON record (data iterator, step), and the
+run's config.yaml (`write_config`), which says what the checkpoints are of: a run resumes
+under it, changing only what `config.check_resume` allows (`resume_config`).
+
+The record holds the grain iterator state, whose bytes are stored as ``{"__bytes__": hex}``
+(`to_record` / `from_record`).
 
 Orbax writes each step into a temporary folder and renames it only when every file is on
 disk, so a run killed in the middle of a save leaves a `*.orbax-checkpoint-tmp-*` folder that
@@ -33,7 +38,9 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from orbax.checkpoint.checkpoint_managers import preservation_policy as preservation
 
+from ais_jax.config import TrainConfig, check_resume, describe_changes, dump_config, load_config
 from ais_jax.hf import CheckpointError
+from ais_jax.paths import safe_path, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -178,6 +185,50 @@ class Checkpointer:
                 f"setup of this config: {'; '.join(diffs[:4])}{more}. Resume with the config the "
                 "run was trained with (config.yaml in the run directory)."
             )
+
+
+def write_config(cfg: TrainConfig, out: str | os.PathLike) -> Path:
+    """``out/config.yaml``: the resolved configuration of the run in ``out``, written atomically."""
+    Path(out).mkdir(parents=True, exist_ok=True)
+    path = safe_path(out, "config.yaml")
+    write_atomic(path, dump_config(cfg))
+    return path
+
+
+def resume_config(cfg: TrainConfig, out: str | os.PathLike, *, write: bool = True) -> None:
+    """Resuming the run in ``out`` under ``cfg``: a ValueError naming every setting that differs
+    from the run's config.yaml and may not change on resume (`config.check_resume`); the
+    changes allowed (`config.RESUMABLE`) are written to config.yaml (if ``write``) and logged.
+    Nothing to check when the directory has no config.yaml."""
+    path = safe_path(out, "config.yaml")
+    if not path.is_file():
+        return
+    changes = check_resume(load_config(path), cfg, path)
+    if changes and write:
+        write_config(cfg, out)
+        log.info("--resume: %s updated (%s).", path, describe_changes(changes, "before", "now"))
+
+
+def to_record(state: Any) -> Any:
+    """A grain iterator state as JSON (bytes become ``{"__bytes__": hex}``)."""
+    if isinstance(state, bytes):
+        return {"__bytes__": state.hex()}
+    if isinstance(state, dict):
+        return {k: to_record(v) for k, v in state.items()}
+    if isinstance(state, list | tuple):
+        return [to_record(v) for v in state]
+    return state
+
+
+def from_record(state: Any) -> Any:
+    """The inverse of `to_record`."""
+    if isinstance(state, dict):
+        if set(state) == {"__bytes__"}:
+            return bytes.fromhex(state["__bytes__"])
+        return {k: from_record(v) for k, v in state.items()}
+    if isinstance(state, list):
+        return [from_record(v) for v in state]
+    return state
 
 
 def _shapes(tree: Any) -> dict[str, tuple[int, ...]]:

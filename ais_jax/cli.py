@@ -73,7 +73,8 @@ def _load(args):
 
 
 def _cmd_train(args) -> int:
-    from ais_jax.runner import describe, run_training
+    from ais_jax.run_log import describe
+    from ais_jax.runner import run_training
 
     out = Path(args.out) if args.out else _new_run_dir("train")
     if args.resume and not args.config and (out / "config.yaml").is_file():
@@ -134,9 +135,10 @@ def _cmd_sample(args) -> int:
     import jax
     import numpy as np
 
+    from ais_jax.data import decode_responses, encode_prompts, prompt_ids
     from ais_jax.hf import HFTokenizer, load_hf
-    from ais_jax.runner import decode_responses, encode_prompts
     from ais_jax.sampler import generate
+    from ais_jax.tasks.base import Example
     from ais_jax.train import sync_rollout_params
 
     _positive("--n", args.n)
@@ -170,10 +172,13 @@ def _cmd_sample(args) -> int:
     import dataclasses
 
     rollout = dataclasses.replace(rollout, format=args.format)
+    # With a chat template the prompt is one user message, ready for the assistant's answer.
+    user = ({"role": "user", "content": args.prompt},) if tokenizer.chat_template else None
+    prompt = Example(prompt=args.prompt, answer="", demonstration="", messages=user)
+    template_kwargs = {} if args.thinking is None else {"enable_thinking": args.thinking == "on"}
+    ids = prompt_ids(tokenizer, prompt, template_kwargs)
     prompts, mask = encode_prompts(
-        tokenizer,
-        [args.prompt] * args.n,
-        max(rollout.max_prompt_len, len(tokenizer.encode(args.prompt)) + 1),
+        tokenizer, [prompt] * args.n, max(rollout.max_prompt_len, len(ids)), template_kwargs
     )
     ro = generate(
         sync_rollout_params(params, rollout),
@@ -183,7 +188,7 @@ def _cmd_sample(args) -> int:
         prompt_mask=mask,
         max_new_tokens=args.max_new_tokens or rollout.max_new_tokens,
         temperature=args.temperature,
-        eos_ids=(tokenizer.eos_id,),
+        eos_ids=tokenizer.eos_ids,
         pad_id=tokenizer.pad_id,
     )
     lengths = np.asarray(ro.lengths) - np.asarray(ro.finished)
@@ -270,7 +275,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("train", help="SFT warm start + GRPO with FP8 rollout and AIS")
     with_config(t)
-    t.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
+    t.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the newest checkpoint, under the run's own config.yaml (--set may "
+        "change steps, checkpoint_every, eval_every, mesh.* and distributed.*)",
+    )
     t.add_argument(
         "--resume-fallback",
         action="store_true",
@@ -293,6 +303,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--temperature", type=float, default=1.0)
     s.add_argument("--max-new-tokens", type=int, default=None)
     s.add_argument("--format", default="bf16", help="bf16 or a quant format (float8_e4m3fn...)")
+    s.add_argument(
+        "--thinking",
+        choices=["on", "off"],
+        default=None,
+        help="the chat template's enable_thinking (Qwen3); default: the template's own",
+    )
     s.set_defaults(fn=_cmd_sample)
 
     x = sub.add_parser("export-hf", help="write a run's trained params as an HF directory")

@@ -58,10 +58,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 from ais_jax import stats
-from ais_jax.config import TrainConfig, dump_config
+from ais_jax.config import (
+    LEVEL_METHODS,
+    TrainConfig,
+    changed_settings,
+    describe_changes,
+    dump_config,
+    load_config,
+)
 from ais_jax.paths import safe_path, strict_json
 from ais_jax.plots import plot_arm_curves, read_metrics
 
@@ -100,7 +106,7 @@ PAIRED = {
     "auc/accuracy": "greedy acc. AUC",
 }
 DIAGNOSTICS = {
-    "ais/ess_ratio": "ESS ratio (token)",
+    "ais/ess_ratio_truncated": "ESS ratio (token)",
     "ais/alpha": "AIS alpha",
     "ais/mismatch": "mean |logp_train - logp_rollout|",
     "policy/entropy": "token entropy",
@@ -123,12 +129,15 @@ class Arm:
         return self.name.replace("+", "_")
 
     def config(self, cfg: TrainConfig, seed: int) -> TrainConfig:
-        """``cfg`` with this arm's rollout format and correction, and RL seed ``seed``."""
+        """``cfg`` with this arm's rollout format and correction, and RL seed ``seed``. The
+        base config's ``correction.level`` is the level of the arms that weight by one (tis,
+        mis); the other arms have none and keep the default."""
+        level = cfg.correction.level if self.method in LEVEL_METHODS else "token"
         return dataclasses.replace(
             cfg,
             seed=seed,
             rollout=dataclasses.replace(cfg.rollout, format=self.format),
-            correction=dataclasses.replace(cfg.correction, method=self.method),
+            correction=dataclasses.replace(cfg.correction, method=self.method, level=level),
         )
 
 
@@ -240,7 +249,6 @@ def start_from_checkpoint(cfg: TrainConfig, spec: str) -> tuple[dict, dict[str, 
     ``cfg.model``."""
     import jax
 
-    from ais_jax.config import load_config
     from ais_jax.hf import CheckpointError
     from ais_jax.runner import Run
 
@@ -435,26 +443,13 @@ def _check_config(cfg: TrainConfig, out: Path) -> None:
     path = out / "config.yaml"
     if not path.is_file():
         return
-    old, new = _leaves(yaml.safe_load(path.read_text())), _leaves(cfg.to_dict())
-    diffs = [
-        f"{k}: {old.get(k, '(absent)')!r} there, {new.get(k, '(absent)')!r} here"
-        for k in sorted(set(old) | set(new))
-        if old.get(k) != new.get(k)
-    ]
-    if diffs:
-        more = f" ... ({len(diffs)} differences)" if len(diffs) > 4 else ""
+    # read through load_config: a setting added since has its default on both sides
+    changes = changed_settings(load_config(path).to_dict(), cfg.to_dict())
+    if changes:
         raise ValueError(
-            f"{out} holds a comparison with another configuration ({'; '.join(diffs[:4])}"
-            f"{more}); continue it with --config {path}, or choose another --out."
+            f"{out} holds a comparison with another configuration ({describe_changes(changes)}); "
+            f"continue it with --config {path}, or choose another --out."
         )
-
-
-def _leaves(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(tree, dict) and tree:
-        return {
-            k: v for key, sub in tree.items() for k, v in _leaves(sub, f"{prefix}{key}.").items()
-        }
-    return {prefix.rstrip("."): tree}
 
 
 def _has_checkpoint(run_dir: Path) -> bool:
@@ -496,8 +491,8 @@ def _run_record(run_dir: Path, seed: int) -> dict[str, Any]:
         "auc/sampled_accuracy": stats.area_under_curve(
             steps, [r["eval/sampled_accuracy"] for r in evals]
         ),
-        "ess/mean": _mean(rows, "ais/ess_ratio"),
-        "ess/min": _mean(rows, "ais/ess_ratio", np.min),
+        "ess/mean": _mean(rows, "ais/ess_ratio_truncated"),
+        "ess/min": _mean(rows, "ais/ess_ratio_truncated", np.min),
         "alpha/mean": _mean(rows, "ais/alpha"),
         "mismatch/mean": _mean(rows, "ais/mismatch"),
         "entropy/mean": _mean(rows, "policy/entropy"),

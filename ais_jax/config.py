@@ -4,7 +4,9 @@ A YAML file maps onto `TrainConfig` section by section; `--set a.b=value` overri
 value is parsed as YAML, so `--set rollout.top_p=0.9` gives a float). An unknown key is an error
 that names it and lists the valid keys; a value of the wrong type or out of range is an error
 that names the key, the value and what is allowed. Each section validates itself in
-`__post_init__`, so a bad config fails before any array is allocated.
+`__post_init__`, so a bad config fails before any array is allocated. The correction and loss
+sections are checked by the factories they configure (`ais.adaptive`, `ais.masked`,
+`grpo.make_loss`): one rule per setting, in the module that uses it.
 
 YAML is read with `StrictSafeLoader`: a `yaml.SafeLoader` (plain data, no code) that also
 refuses a key given twice in one mapping (naming the key and both lines), a document whose
@@ -19,6 +21,9 @@ Error messages quote at most ~200 characters of any value (`show`).
     loss        the GRPO objective (grpo.py)
     optim       AdamW, schedule, PPO epochs and minibatches
     sft         the supervised warm start on task demonstrations
+    mesh        device mesh axis sizes (sharding.py); distributed: jax.distributed settings
+
+`check_resume` says which settings a resumed run may change (`RESUMABLE`).
 """
 
 from __future__ import annotations
@@ -29,18 +34,24 @@ import math
 import reprlib
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
+from ais_jax import ais, grpo
 from ais_jax.quant import FORMATS
-from ais_jax.sharding import DistributedConfig, MeshConfig
+from ais_jax.sampler import DECODE_LAYOUTS
+from ais_jax.sharding import AXES
 
 ROLLOUT_FORMATS = ("bf16", *FORMATS)
 CORRECTIONS = ("none", "tis", "ais", "mis")
-LEVELS = ("token", "sequence", "geometric")
-AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
+LEVEL_METHODS = ("tis", "mis")  # the corrections that weight by token, sequence or geometric mean
+# the settings a resumed run may change (`check_resume`): when to stop, checkpoint and evaluate,
+# and where it runs (orbax reshards a checkpoint onto any mesh; a job restarted by a scheduler
+# may get another coordinator)
+RESUMABLE = ("steps", "checkpoint_every", "eval_every", "mesh.*", "distributed.*")
 
 
 MAX_SHOWN = 200  # characters of a value an error message quotes
@@ -66,6 +77,16 @@ def _check(cond: bool, section: str, key: str, value: Any, allowed: str) -> None
     if not cond:
         name = f"{section}.{key}" if section else key
         raise ValueError(f"{name}={show(value)} is invalid: {allowed}.")
+
+
+def _rules_of(section: str, factory: Callable[..., Any], **settings: Any) -> None:
+    """Validate ``settings`` with the library factory that owns their rules (`ais.adaptive`,
+    `grpo.make_loss`, ...), so a config accepts exactly what the code it configures accepts;
+    the factory's ValueError is re-raised with the section in front of the key."""
+    try:
+        factory(**settings)
+    except ValueError as e:
+        raise ValueError(f"{section}.{e}") from None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -133,9 +154,19 @@ class RolloutConfig:
     temperature: float = 1.0
     top_k: int | None = None
     top_p: float | None = None
+    # How decode holds the weights and the value cache (`sampler.DECODE_LAYOUTS`); "auto" picks
+    # the backend's default: "in_out_f32_values" on CPU, "out_in" on GPU/TPU.
+    decode_layout: str = "auto"
 
     def __post_init__(self):
         s = "rollout"
+        _check(
+            self.decode_layout in ("auto", *DECODE_LAYOUTS),
+            s,
+            "decode_layout",
+            self.decode_layout,
+            f"allowed: {['auto', *DECODE_LAYOUTS]}",
+        )
         _check(
             self.format in ROLLOUT_FORMATS,
             s,
@@ -192,20 +223,21 @@ class CorrectionConfig:
         _check(
             self.method in CORRECTIONS, s, "method", self.method, f"allowed: {list(CORRECTIONS)}"
         )
-        _check(
-            self.clip >= 1, s, "clip", self.clip, "must be >= 1 (the IS weight is min(rho, clip))"
+        # every setting is checked whatever the method, so switching methods never meets a
+        # value that was silently invalid
+        diagnostics = dict(
+            clip=self.clip, delta=self.delta, gamma=self.gamma, beta_var=self.beta_var, eps=self.eps
         )
-        for key in ("delta", "gamma", "eps"):
-            _check(getattr(self, key) > 0, s, key, getattr(self, key), "must be > 0")
-        _check(self.beta_var >= 0, s, "beta_var", self.beta_var, "must be >= 0")
+        _rules_of(s, ais.adaptive, **diagnostics)
+        _rules_of(s, ais.masked, low=self.low, high=self.high, level=self.level)
         _check(
-            0 < self.low <= 1 <= self.high,
+            self.level == "token" or self.method in LEVEL_METHODS,
             s,
-            "low/high",
-            (self.low, self.high),
-            "need 0 < low <= 1 <= high",
+            "level",
+            self.level,
+            f"only methods {list(LEVEL_METHODS)} use a level; method {self.method!r} would "
+            "ignore it, so leave level at 'token'",
         )
-        _check(self.level in LEVELS, s, "level", self.level, f"allowed: {list(LEVELS)}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -216,21 +248,7 @@ class LossConfig:
     aggregation: str = "seq_mean_token_mean"
 
     def __post_init__(self):
-        _check(
-            0 < self.clip_low < 1 and self.clip_high > 0,
-            "loss",
-            "clip_low/clip_high",
-            (self.clip_low, self.clip_high),
-            "need 0 < clip_low < 1 and clip_high > 0",
-        )
-        _check(self.kl_coef >= 0, "loss", "kl_coef", self.kl_coef, "must be >= 0")
-        _check(
-            self.aggregation in AGGREGATIONS,
-            "loss",
-            "aggregation",
-            self.aggregation,
-            f"allowed: {list(AGGREGATIONS)}",
-        )
+        _rules_of("loss", grpo.make_loss, **dataclasses.asdict(self))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -239,6 +257,7 @@ class OptimConfig:
     weight_decay: float = 0.0
     b1: float = 0.9
     b2: float = 0.99
+    eps: float = 1e-8  # Adam's epsilon (optax's default)
     grad_clip: float = 1.0
     warmup_steps: int = 0
     schedule: Literal["constant", "cosine"] = "constant"
@@ -256,6 +275,7 @@ class OptimConfig:
             (self.b1, self.b2),
             "must be in [0, 1)",
         )
+        _check(self.eps > 0, s, "eps", self.eps, "must be > 0")
         _check(self.grad_clip > 0, s, "grad_clip", self.grad_clip, "must be > 0")
         _check(self.warmup_steps >= 0, s, "warmup_steps", self.warmup_steps, "must be >= 0")
         _check(
@@ -279,6 +299,71 @@ class SFTConfig:
         _check(self.steps >= 0, "sft", "steps", self.steps, "must be >= 0")
         _check(self.batch_size >= 1, "sft", "batch_size", self.batch_size, "must be >= 1")
         _check(self.learning_rate > 0, "sft", "learning_rate", self.learning_rate, "must be > 0")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MeshConfig:
+    """Mesh axis sizes (`sharding.AXES`); at most one may be -1 (all remaining devices)."""
+
+    data: int = -1
+    fsdp: int = 1
+    tensor: int = 1
+
+    def __post_init__(self):
+        for name in AXES:
+            value = getattr(self, name)
+            integer = isinstance(value, int) and not isinstance(value, bool)
+            _check(
+                integer and (value == -1 or value >= 1),
+                "mesh",
+                name,
+                value,
+                "must be >= 1 or -1 (fill)",
+            )
+        if [getattr(self, n) for n in AXES].count(-1) > 1:
+            raise ValueError(f"mesh: at most one axis may be -1 (fill), got {self}.")
+
+    @classmethod
+    def parse(cls, text: str) -> MeshConfig:
+        """``"data=1,fsdp=8,tensor=1"`` (missing axes keep their defaults)."""
+        sizes = {}
+        for item in filter(None, (s.strip() for s in text.split(","))):
+            name, _, value = item.partition("=")
+            if name.strip() not in AXES or not value.strip().lstrip("-").isdigit():
+                raise ValueError(f"mesh item {item!r} must look like AXIS=INT with AXIS in {AXES}.")
+            sizes[name.strip()] = int(value)
+        return cls(**sizes)
+
+    def sizes(self, num_devices: int) -> dict[str, int]:
+        """Axis sizes with -1 resolved; their product must equal ``num_devices``."""
+        sizes = {n: getattr(self, n) for n in AXES}
+        fixed = math.prod(v for v in sizes.values() if v != -1)
+        fill = [n for n, v in sizes.items() if v == -1]
+        if fill and num_devices % fixed:
+            raise ValueError(
+                f"mesh {self.describe()}: the product of the fixed axis sizes "
+                f"({fixed}) does not divide the device count {num_devices}."
+            )
+        if not fill and fixed != num_devices:
+            raise ValueError(
+                f"mesh {self.describe()}: the product of the axis sizes ({fixed}) "
+                f"is not the device count {num_devices}; use -1 to fill an axis."
+            )
+        return {n: (num_devices // fixed if v == -1 else v) for n, v in sizes.items()}
+
+    def describe(self) -> str:
+        return ",".join(f"{n}={getattr(self, n)}" for n in AXES)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DistributedConfig:
+    """`jax.distributed.initialize` arguments (`sharding.initialize_distributed`); all None =
+    auto-detect (TPU pods, SLURM)."""
+
+    enabled: bool = False
+    coordinator_address: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -536,3 +621,60 @@ def _children(node: yaml.Node) -> list[yaml.Node]:
 
 def dump_config(config: TrainConfig) -> str:
     return yaml.safe_dump(config.to_dict(), sort_keys=False)
+
+
+# ---- comparing configurations ---------------------------------------------------------------
+
+
+def changed_settings(old: dict[str, Any], new: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """``{"optim.learning_rate": (old, new), ...}``: the dotted keys whose values differ between
+    two nested config mappings (`TrainConfig.to_dict` or YAML); a key one side lacks is
+    ``"(absent)"`` there."""
+    a, b = _leaves(old), _leaves(new)
+    absent = "(absent)"
+    return {
+        k: (a.get(k, absent), b.get(k, absent))
+        for k in sorted(set(a) | set(b))
+        if a.get(k, absent) != b.get(k, absent)
+    }
+
+
+def describe_changes(
+    changes: dict[str, tuple[Any, Any]], old: str = "there", new: str = "here", limit: int = 4
+) -> str:
+    """``"optim.learning_rate: 0.001 there, 0.002 here; ..."`` (at most ``limit`` keys)."""
+    items = [f"{k}: {show(a)} {old}, {show(b)} {new}" for k, (a, b) in changes.items()]
+    more = f" ... ({len(items)} differences)" if len(items) > limit else ""
+    return "; ".join(items[:limit]) + more
+
+
+def check_resume(old: TrainConfig, new: TrainConfig, where: str | Path) -> dict[str, tuple]:
+    """The settings ``new`` changes in the configuration ``old`` of a run being resumed (from
+    ``where``, its config.yaml). Only `RESUMABLE` settings may change: when to stop, checkpoint
+    and evaluate, and the mesh and distributed setup (a checkpoint restores onto any mesh).
+    Anything else -- the model, task, rollout, correction, loss, optimizer, SFT or seed --
+    would continue the run as another experiment than the one its checkpoints, metrics and
+    config.yaml record: a ValueError naming every such key with both values. (A longer
+    ``steps`` also lengthens a cosine learning-rate schedule from the resumed step on.)"""
+    changes = changed_settings(old.to_dict(), new.to_dict())
+    fixed = {k: v for k, v in changes.items() if not _resumable(k)}
+    if fixed:
+        raise ValueError(
+            f"--resume: the run was trained with another configuration "
+            f"({describe_changes(fixed, f'in {where}', 'given')}); resume it under its own "
+            "(ais-jax train --out DIR --resume, without --config), or start a new run in "
+            f"another --out. A resumed run may change only {', '.join(RESUMABLE)}."
+        )
+    return changes
+
+
+def _resumable(key: str) -> bool:
+    return any(key == r or (r.endswith(".*") and key.startswith(r[:-1])) for r in RESUMABLE)
+
+
+def _leaves(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict) and tree:
+        return {
+            k: v for key, sub in tree.items() for k, v in _leaves(sub, f"{prefix}{key}.").items()
+        }
+    return {prefix.rstrip("."): tree}

@@ -36,6 +36,13 @@ Iterators come from ``MapDataset.to_iter_dataset(read_options)``; their ``get_st
 ``set_state()`` round-trip exactly. The default ``ReadOptions(num_threads=0)`` generates in
 the consuming thread: generation is cheap pure Python, and threads would only contend for the
 GIL with the training loop.
+
+Between examples and arrays: `encode_prompts` (left-padded ``[B, P]`` ids and mask; an
+example's ``messages`` go through the tokenizer's chat template when it has one,
+`prompt_ids`),
+`encode_responses` (right-padded ``[B, T]`` demonstrations ending in EOS, for SFT),
+`decode_responses` and `score_responses` (rewards as float32, a failing reward function a
+`RewardError` naming the task, prompt and response).
 """
 
 from __future__ import annotations
@@ -43,15 +50,23 @@ from __future__ import annotations
 import functools
 import random
 import zlib
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import grain
+import numpy as np
 
-from ais_jax.tasks.base import Example, FiniteTask, Task
+from ais_jax.tasks.base import Example, FiniteTask, RewardError, Task
 
 __all__ = [
     "HELD_OUT_BUCKETS",
     "SPLITS",
+    "check_per_host",
+    "decode_responses",
     "demonstration_batches",
+    "encode_prompts",
+    "prompt_ids",
+    "encode_responses",
     "eval_examples",
     "example_dataset",
     "example_seed",
@@ -59,6 +74,7 @@ __all__ = [
     "is_held_out",
     "prompt_batches",
     "prompt_dataset",
+    "score_responses",
 ]
 
 SPLITS = ("train", "eval", "sft")
@@ -195,6 +211,17 @@ def demonstration_batches(
     return iter(dataset.to_iter_dataset(read_options))
 
 
+def check_per_host(batch_sizes: dict[str, int], hosts: int) -> None:
+    """Every process takes an equal share of each global batch: a ValueError naming a batch
+    size (``{"rollout.prompts_per_step": 16, ...}``) that ``hosts`` does not divide."""
+    for name, size in batch_sizes.items():
+        if size % hosts:
+            raise ValueError(
+                f"{name}={size} is not divisible by the number of processes ({hosts}): "
+                "each process takes an equal share of every batch."
+            )
+
+
 def host_shard(
     dataset: grain.MapDataset, options: grain.sharding.ShardOptions | None = None
 ) -> grain.MapDataset:
@@ -220,6 +247,95 @@ def eval_examples(
     ``seed`` defaults to 0, so every run evaluates on the same prompts whatever its seed."""
     dataset = example_dataset(task, seed=seed, split="eval", num_examples=num_examples)
     return tuple(dataset[i] for i in range(len(dataset)))
+
+
+# ---- tokens <-> text ----------------------------------------------------------------------------
+
+
+def prompt_ids(
+    tokenizer, prompt: str | Example, template_kwargs: Mapping[str, Any] | None = None
+) -> list[int]:
+    """The ids the policy is conditioned on. An `Example` with ``messages``, for a tokenizer
+    with a chat template, is rendered through that template with the assistant's generation
+    prompt (``template_kwargs``, e.g. ``{"enable_thinking": False}``, go to the template), as
+    verl and TRL prompt Qwen3; anything else is BOS (where the tokenizer has one) followed by
+    the encoded text (a string, or the example's ``prompt``)."""
+    text, messages = (prompt, None) if isinstance(prompt, str) else (prompt.prompt, prompt.messages)
+    if messages and getattr(tokenizer, "chat_template", None) is not None:
+        return tokenizer.apply_chat_template(
+            list(messages), add_generation_prompt=True, tokenize=True, **(template_kwargs or {})
+        )
+    bos = [tokenizer.bos_id] if getattr(tokenizer, "bos_id", None) is not None else []
+    return bos + tokenizer.encode(text)
+
+
+def encode_prompts(
+    tokenizer,
+    prompts: Sequence[str | Example],
+    length: int,
+    template_kwargs: Mapping[str, Any] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Left-padded ``[B, length]`` prompt ids (`prompt_ids` of each prompt) and mask."""
+    ids = [prompt_ids(tokenizer, p, template_kwargs) for p in prompts]
+    longest = max(len(i) for i in ids)
+    if longest > length:
+        raise ValueError(
+            f"A prompt has {longest} tokens, more than rollout.max_prompt_len="
+            f"{length}; raise max_prompt_len or shorten the task's prompts."
+        )
+    return _pad(ids, length, tokenizer.pad_id, left=True)
+
+
+def encode_responses(tokenizer, texts: list[str], length: int) -> tuple[np.ndarray, np.ndarray]:
+    """Right-padded ``[B, length]`` response ids ending in EOS (for the SFT warm start)."""
+    ids = [tokenizer.encode(t) + [tokenizer.eos_id] for t in texts]
+    longest = max(len(i) for i in ids)
+    if longest > length:
+        raise ValueError(
+            f"A demonstration has {longest} tokens (with EOS), more than "
+            f"rollout.max_new_tokens={length}; raise max_new_tokens."
+        )
+    return _pad(ids, length, tokenizer.pad_id, left=False)
+
+
+def _pad(ids: list[list[int]], length: int, pad_id: int, *, left: bool):
+    """``[B, length]`` int32 tokens and bool mask, padded on the left or the right."""
+    tokens = np.full((len(ids), length), pad_id, np.int32)
+    mask = np.zeros((len(ids), length), bool)
+    for row, seq in enumerate(ids):
+        cols = slice(length - len(seq), length) if left else slice(0, len(seq))
+        tokens[row, cols] = seq
+        mask[row, cols] = True
+    return tokens, mask
+
+
+def decode_responses(tokenizer, tokens: np.ndarray, lengths: np.ndarray) -> list[str]:
+    """The text of the first ``lengths[b]`` tokens of each row ``b`` of ``tokens [B, T]``."""
+    return [tokenizer.decode(row[:n].tolist()) for row, n in zip(tokens, lengths, strict=True)]
+
+
+def score_responses(task: Task, examples, responses: list[str]) -> np.ndarray:
+    """Rewards as float32; a reward function that raises or returns a non-finite value is a
+    `RewardError` naming the task, the prompt and the response."""
+    rewards = np.empty(len(responses), np.float32)
+    for i, (ex, text) in enumerate(zip(examples, responses, strict=True)):
+        try:
+            r = float(task.reward(ex, text))
+        except Exception as e:
+            raise RewardError(
+                f"Reward function of task {task.name!r} raised {e!r} on prompt "
+                f"{ex.prompt!r}, response {text!r}."
+            ) from e
+        if not np.isfinite(r):
+            raise RewardError(
+                f"Reward function of task {task.name!r} returned {r} on prompt "
+                f"{ex.prompt!r}, response {text!r}; rewards must be finite."
+            )
+        rewards[i] = r
+    return rewards
+
+
+# ---- internals ----------------------------------------------------------------------------------
 
 
 def _generate(task: Task, seed: int, split: str, index: int) -> Example:

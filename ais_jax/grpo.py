@@ -33,7 +33,6 @@ values validated eagerly; to jit, close over them (`make_loss`) rather than pass
 
 from __future__ import annotations
 
-import math
 import numbers
 from collections.abc import Callable
 
@@ -41,27 +40,14 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from ais_jax.checks import choice, number
+
 Metrics = dict[str, jax.Array]
 LossFn = Callable[..., tuple[jax.Array, Metrics]]
 
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 SCALES = ("group", "batch", "none")
 LOG_RATIO_LIMIT = 20.0
-
-
-def _number(name: str, value: object, ok: Callable[[float], bool], allowed: str) -> float:
-    """Returns `value` as a float if `ok(value)`, else raises ValueError naming it."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name}={value!r} is not a number; allowed: {allowed}")
-    if not (math.isfinite(value) and ok(float(value))):
-        raise ValueError(f"{name}={value!r} is invalid; allowed: {allowed}")
-    return float(value)
-
-
-def _choice(name: str, value: object, allowed: tuple[str, ...]) -> str:
-    if value not in allowed:
-        raise ValueError(f"{name}={value!r} is not one of the allowed values {allowed}")
-    return str(value)
 
 
 def _std(x_GN: jax.Array, axis: int | None) -> jax.Array:
@@ -93,8 +79,8 @@ def group_advantages(
             f"group_size={group_size!r} must be a positive int dividing the batch size "
             f"B={rewards_B.shape[0]} (rewards are consecutive groups of group_size)"
         )
-    scale = _choice("scale", scale, SCALES)
-    eps = _number("eps", eps, lambda x: x >= 0, "a finite float >= 0")
+    scale = choice("scale", scale, SCALES)
+    eps = number("eps", eps, lambda x: x >= 0, "a finite float >= 0")
 
     rewards_NG = rewards_B.reshape(-1, int(group_size))
     centred_NG = rewards_NG - jnp.mean(rewards_NG, axis=1, keepdims=True)
@@ -142,10 +128,10 @@ def make_loss(
     `loss_fn(logp_new_BT, logp_old_BT, advantages, mask_BT, *, logp_ref_BT=None,
     logp_rollout_BT=None) -> (loss, metrics)`; see `loss` for the meaning of each argument.
     """
-    clip_low = _number("clip_low", clip_low, lambda x: 0 <= x < 1, "a float in [0, 1)")
-    clip_high = _number("clip_high", clip_high, lambda x: x >= 0, "a finite float >= 0")
-    kl_coef = _number("kl_coef", kl_coef, lambda x: x >= 0, "a finite float >= 0")
-    aggregation = _choice("aggregation", aggregation, AGGREGATIONS)
+    clip_low = number("clip_low", clip_low, lambda x: 0 <= x < 1, "a float in [0, 1)")
+    clip_high = number("clip_high", clip_high, lambda x: x >= 0, "a finite float >= 0")
+    kl_coef = number("kl_coef", kl_coef, lambda x: x >= 0, "a finite float >= 0")
+    aggregation = choice("aggregation", aggregation, AGGREGATIONS)
     if correction is not None and not callable(correction):
         raise ValueError(f"correction={correction!r} must be None or a callable from ais_jax.ais")
     lower, upper = 1.0 - clip_low, 1.0 + clip_high

@@ -21,9 +21,15 @@ logits are always float32.
 
 Two entry points share one layer function:
 - `forward(params, config, tokens_BS, mask_BS)`: full sequence, for training and scoring.
-- `forward_cached(params, config, tokens_BS, cache, mask_BS)`: writes the new keys/values into a
+- `forward_cached(params, config, tokens_BQ, cache, mask_BQ)`: writes the new keys/values into a
   `KVCache` and attends over it; a batched prefill and one-token decode steps are both this call.
 Positions come from the padding mask (left padding: position = number of earlier valid tokens).
+
+Dimensions (the README's key): B rows, S sequence positions (a `forward`'s tokens; a KV cache's
+slots), V vocabulary, D model, L layers, H query heads, K kv heads, R = H // K, E head dim,
+F MLP; and Q: the query positions of one attention call (Q = S in `forward`; in
+`forward_cached` the Q new tokens it appends to the cache's S slots: the prompt in a prefill,
+one in a decode step). The layer functions shared by both call their positions S.
 """
 
 from __future__ import annotations
@@ -105,44 +111,46 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     return jnp.broadcast_to(weight.astype(x.dtype), x.shape) * x32.astype(x.dtype)
 
 
-def rope(x_BSNE: jax.Array, positions_BS: jax.Array, theta: float) -> jax.Array:
-    """Rotate-half rotary embedding; angles in float32, applied in ``x``'s dtype."""
-    E = x_BSNE.shape[-1]
+def rope(x_BSHE: jax.Array, positions_BS: jax.Array, theta: float) -> jax.Array:
+    """Rotate-half rotary embedding; angles in float32, applied in ``x``'s dtype. ``H`` is any
+    number of heads (the H query heads, or the K key heads)."""
+    E = x_BSHE.shape[-1]
     inv_freq = 1.0 / (theta ** (jnp.arange(0, E, 2, dtype=jnp.float32) / E))
     angles_BSe = positions_BS.astype(jnp.float32)[..., None] * inv_freq[None, None]
     angles_BSE = jnp.concatenate([angles_BSe, angles_BSe], axis=-1)[:, :, None, :]
-    cos, sin = jnp.cos(angles_BSE).astype(x_BSNE.dtype), jnp.sin(angles_BSE).astype(x_BSNE.dtype)
-    x1, x2 = jnp.split(x_BSNE, 2, axis=-1)
-    return x_BSNE * cos + jnp.concatenate([-x2, x1], axis=-1) * sin
+    cos, sin = jnp.cos(angles_BSE).astype(x_BSHE.dtype), jnp.sin(angles_BSE).astype(x_BSHE.dtype)
+    x1, x2 = jnp.split(x_BSHE, 2, axis=-1)
+    return x_BSHE * cos + jnp.concatenate([-x2, x1], axis=-1) * sin
 
 
 def attention(
-    q_BSHE: jax.Array, k_BKTE: jax.Array, v_BKET: jax.Array, allowed_BST: jax.Array
+    q_BQHE: jax.Array, k_BKSE: jax.Array, v_BKES: jax.Array, allowed_BQS: jax.Array
 ) -> jax.Array:
-    """Grouped-query softmax attention (R = H // K query heads per kv head), float32 softmax.
+    """Grouped-query softmax attention (R = H // K query heads per kv head), float32 softmax:
+    Q query positions over S key positions, ``allowed_BQS`` the pairs that may attend.
 
-    Keys come as ``[B, K, T, E]`` and values as ``[B, K, E, T]``, the KV cache's layouts: both
+    Keys come as ``[B, K, S, E]`` and values as ``[B, K, E, S]``, the KV cache's layouts: both
     dots then contract their operands' minor dimensions, which is what XLA's batched dots want
     (no per-step transpose of the cache). The result and the probabilities are rounded to
     ``q``'s dtype (the compute dtype). Each dot takes the wider of that dtype and its cache
     operand's, with float32 accumulation: a float32 value cache holding bfloat16 values (the
     sampler's on CPU) gives the same products, summed in another order.
     """
-    B, S, H, E = q_BSHE.shape
-    K = k_BKTE.shape[1]
-    dtype = q_BSHE.dtype
-    key_dtype = jnp.promote_types(dtype, k_BKTE.dtype)
-    value_dtype = jnp.promote_types(dtype, v_BKET.dtype)
-    q_BSKRE = q_BSHE.reshape(B, S, K, H // K, E).astype(key_dtype)
-    scores_BKRST = jnp.einsum(
-        "bskre,bkte->bkrst", q_BSKRE, k_BKTE.astype(key_dtype), preferred_element_type=F32
+    B, Q, H, E = q_BQHE.shape
+    K = k_BKSE.shape[1]
+    dtype = q_BQHE.dtype
+    key_dtype = jnp.promote_types(dtype, k_BKSE.dtype)
+    value_dtype = jnp.promote_types(dtype, v_BKES.dtype)
+    q_BQKRE = q_BQHE.reshape(B, Q, K, H // K, E).astype(key_dtype)
+    scores_BKRQS = jnp.einsum(
+        "bqkre,bkse->bkrqs", q_BQKRE, k_BKSE.astype(key_dtype), preferred_element_type=F32
     ) * (E**-0.5)
-    scores_BKRST = jnp.where(allowed_BST[:, None, None], scores_BKRST, _MASKED)
-    probs_BKRST = jax.nn.softmax(scores_BKRST, axis=-1).astype(dtype).astype(value_dtype)
-    out_BSKRE = jnp.einsum(
-        "bkrst,bket->bskre", probs_BKRST, v_BKET.astype(value_dtype), preferred_element_type=F32
+    scores_BKRQS = jnp.where(allowed_BQS[:, None, None], scores_BKRQS, _MASKED)
+    probs_BKRQS = jax.nn.softmax(scores_BKRQS, axis=-1).astype(dtype).astype(value_dtype)
+    out_BQKRE = jnp.einsum(
+        "bkrqs,bkes->bqkre", probs_BKRQS, v_BKES.astype(value_dtype), preferred_element_type=F32
     )
-    return out_BSKRE.astype(dtype).reshape(B, S, H * E)
+    return out_BQKRE.astype(dtype).reshape(B, Q, H * E)
 
 
 def _cache_layout(k_BSKE: jax.Array, v_BSKE: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -261,11 +269,11 @@ def forward(
 
 @struct.dataclass
 class KVCache:
-    """Keys/values of every layer for a batch of rows; slots are filled left to right.
+    """Keys/values of every layer for a batch of rows; its S slots are filled left to right.
 
-    k: one ``[B, K, T, E]`` array per layer; v: one ``[B, K, E, T]`` array per layer (the
+    k: one ``[B, K, S, E]`` array per layer; v: one ``[B, K, E, S]`` array per layer (the
     layouts of `attention`; per-layer arrays so a decode step updates and reads each layer's
-    cache in place); valid: ``[B, T]`` slots holding a real token; next_pos: ``[B]`` position of
+    cache in place); valid: ``[B, S]`` slots holding a real token; next_pos: ``[B]`` position of
     each row's next token; index: the next free slot (same for every row).
     """
 
@@ -279,7 +287,7 @@ class KVCache:
 def init_cache(
     config: ModelConfig, batch: int, max_len: int, dtype=jnp.bfloat16, value_dtype=None
 ) -> KVCache:
-    """An empty cache of ``max_len`` slots per row: keys in ``dtype`` (the model's compute
+    """An empty cache of S = ``max_len`` slots per row: keys in ``dtype`` (the model's compute
     dtype), values in ``value_dtype`` (default ``dtype``; a wider one holds the same values,
     as `attention` rounds to the compute dtype)."""
     L, K, E = config.num_layers, config.num_kv_heads, config.head_dim
@@ -308,47 +316,48 @@ def _write_slots(cache: jax.Array, update: jax.Array, index: tuple) -> jax.Array
 def forward_cached(
     params: Params,
     config: ModelConfig,
-    tokens_BS: jax.Array,
+    tokens_BQ: jax.Array,
     cache: KVCache,
-    mask_BS: jax.Array | None = None,
+    mask_BQ: jax.Array | None = None,
     *,
     last_only: bool = False,
 ) -> tuple[jax.Array, KVCache]:
-    """Append ``tokens_BS`` to the cache and return their logits ``[B, S, V]`` (float32), or
-    with ``last_only`` those of the last position, ``[B, 1, V]`` (all a left-padded prefill
-    needs: the LM head over every prompt position was 2.5% of a small-model `generate`).
+    """Append the Q tokens ``tokens_BQ`` to the cache and return their logits ``[B, Q, V]``
+    (float32), or with ``last_only`` those of the last position, ``[B, 1, V]`` (all a
+    left-padded prefill needs: the LM head over every prompt position was 2.5% of a small-model
+    `generate`).
 
-    ``mask_BS`` marks real tokens (left padding in a prefill; finished rows in a decode step):
+    ``mask_BQ`` marks real tokens (left padding in a prefill; finished rows in a decode step):
     unmasked tokens are neither attended to later nor counted in activation scales.
     """
-    B, S = tokens_BS.shape
-    if mask_BS is None:
-        mask_BS = jnp.ones((B, S), bool)
-    mask_BS = mask_BS.astype(bool)
-    T = cache.valid.shape[1]
+    B, Q = tokens_BQ.shape
+    if mask_BQ is None:
+        mask_BQ = jnp.ones((B, Q), bool)
+    mask_BQ = mask_BQ.astype(bool)
+    S = cache.valid.shape[1]
     start = cache.index
-    positions_BS = positions_from_mask(mask_BS, cache.next_pos)
-    valid_BT = jax.lax.dynamic_update_slice(cache.valid, mask_BS, (0, start))
-    slot_T = jnp.arange(T)
-    allowed_BST = valid_BT[:, None, :] & (slot_T[None, :] <= start + jnp.arange(S)[:, None])[None]
+    positions_BQ = positions_from_mask(mask_BQ, cache.next_pos)
+    valid_BS = jax.lax.dynamic_update_slice(cache.valid, mask_BQ, (0, start))
+    slot_S = jnp.arange(S)
+    allowed_BQS = valid_BS[:, None, :] & (slot_S[None, :] <= start + jnp.arange(Q)[:, None])[None]
 
     k_cache, v_cache = list(cache.k), list(cache.v)
-    x_BSD = jnp.take(params["embed"], tokens_BS, axis=0)
+    x_BQD = jnp.take(params["embed"], tokens_BQ, axis=0)
     for i in range(config.num_layers):
 
-        def attend(q_BSHE, k_BSKE, v_BSKE, i=i):
-            k_BKSE, v_BKES = _cache_layout(k_BSKE, v_BSKE)
-            k_cache[i] = _write_slots(k_cache[i], k_BKSE, (0, 0, start, 0))
-            v_cache[i] = _write_slots(v_cache[i], v_BKES, (0, 0, 0, start))
-            return attention(q_BSHE, k_cache[i], v_cache[i], allowed_BST)
+        def attend(q_BQHE, k_BQKE, v_BQKE, i=i):
+            k_BKQE, v_BKEQ = _cache_layout(k_BQKE, v_BQKE)
+            k_cache[i] = _write_slots(k_cache[i], k_BKQE, (0, 0, start, 0))
+            v_cache[i] = _write_slots(v_cache[i], v_BKEQ, (0, 0, 0, start))
+            return attention(q_BQHE, k_cache[i], v_cache[i], allowed_BQS)
 
-        x_BSD = _layer(_layer_params(params, i), config, x_BSD, positions_BS, mask_BS, attend)
-    logits_BSV = _logits(params, config, x_BSD, mask_BS, last_only)
+        x_BQD = _layer(_layer_params(params, i), config, x_BQD, positions_BQ, mask_BQ, attend)
+    logits_BQV = _logits(params, config, x_BQD, mask_BQ, last_only)
     new_cache = KVCache(
         k=tuple(k_cache),
         v=tuple(v_cache),
-        valid=valid_BT,
-        next_pos=cache.next_pos + mask_BS.sum(-1, dtype=jnp.int32),
-        index=start + S,
+        valid=valid_BS,
+        next_pos=cache.next_pos + mask_BQ.sum(-1, dtype=jnp.int32),
+        index=start + Q,
     )
-    return logits_BSV, new_cache
+    return logits_BQV, new_cache

@@ -17,6 +17,8 @@ dies, so a SIGKILLed run never leaves a lock that blocks ``--resume``.
 the non-JSON tokens ``NaN`` and ``Infinity``) become ``null``, and the caller learns which keys
 held them, to warn; `write_atomic` replaces a file in one rename, so a crash leaves the old
 content or the new, never half of it.
+`write_json` writes a whole document (``summary.json``, ``results.json``) that way. The rows a
+run appends as it goes are `run_log.py`'s.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import datetime
 import errno
 import fcntl
 import json
+import logging
 import math
 import os
 import socket
@@ -42,8 +45,10 @@ __all__ = [
     "safe_path",
     "strict_json",
     "write_atomic",
+    "write_json",
 ]
 
+log = logging.getLogger(__name__)
 LOCK_NAME = ".lock"
 
 
@@ -221,3 +226,12 @@ def write_atomic(path: str | os.PathLike, text: str) -> None:
         if tmp is not None:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+
+
+def write_json(path: str | os.PathLike, obj: Any) -> None:
+    """``obj`` as strict JSON, replacing ``path`` in one rename (never half-written); a
+    non-finite value is written as null, with a warning naming the file and the keys."""
+    text, bad = dumps_strict(obj, indent=2)
+    if bad:
+        log.warning("%s: non-finite %s written as null.", path, bad)
+    write_atomic(path, text)

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ais_jax import sharding as shd
-from ais_jax.config import OptimConfig
+from ais_jax.config import MeshConfig, OptimConfig
 from ais_jax.model import cast_params, init_cache, init_params
 from ais_jax.model_config import ModelConfig
 from ais_jax.quant import quantize_fp8
@@ -129,7 +129,7 @@ def main(args) -> int:
         if not 1 <= value < 2**31:
             raise ValueError(f"{option} {value} is invalid: must be an integer in [1, 2**31).")
     config = ModelConfig.preset(args.model)
-    mesh = shd.MeshConfig.parse(args.mesh)
+    mesh = MeshConfig.parse(args.mesh)
     fill = [n for n in shd.AXES if getattr(mesh, n) == -1]
     if fill:
         raise ValueError(

@@ -16,7 +16,10 @@ PANELS = {
         "AIS coefficients",
         ["ais/alpha", "ais/alpha_ess", "ais/alpha_mis", "ais/alpha_var"],
     ),
-    "ess.png": ("Effective sample size ratio", ["ais/ess_ratio", "mismatch/ess_ratio"]),
+    "ess.png": (
+        "Effective sample size ratio",
+        ["ais/ess_ratio_truncated", "mismatch/ess_ratio_raw"],
+    ),
     "mismatch.png": ("Rollout vs trainer mismatch", ["ais/mismatch", "mismatch/k3"]),
 }
 

@@ -31,10 +31,17 @@ import contextlib
 import os
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-__all__ = ["GracefulStop", "Interrupted", "graceful_stop", "resume_hint", "stop_requested"]
+__all__ = [
+    "GracefulStop",
+    "Interrupted",
+    "graceful_stop",
+    "resume_hint",
+    "stop_point",
+    "stop_requested",
+]
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -143,6 +150,26 @@ def stop_requested(out: str | os.PathLike | None = None, step: int | None = None
     if out is not None:
         _active.out = Path(out)
     return _active.requested(step)
+
+
+def stop_point(
+    out: str | os.PathLike,
+    step: int | None = None,
+    *,
+    save: Callable[[], None] | None = None,
+    close: Callable[[], None] | None = None,
+) -> None:
+    """A stop point of the trainer, after RL step ``step`` (None: in the warm start, before
+    the first checkpoint): if a signal asked the run to stop (`stop_requested`), call ``save``
+    (which writes this step's checkpoint) and ``close``, then raise `Interrupted`."""
+    signum = stop_requested(out, step)
+    if signum is None:
+        return
+    if save is not None:
+        save()
+    if close is not None:
+        close()
+    raise Interrupted(signum, out, step)
 
 
 @contextlib.contextmanager

@@ -1,13 +1,33 @@
 """The rollout engine: batched sampling with a KV cache, and trainer-side re-scoring.
 
 `generate` left-pads a batch of prompts, runs one prefill over them, then decodes one token per
-row per step inside a `lax.while_loop` until every row has emitted an end-of-sequence id or
-`max_new_tokens` is reached. The whole thing is one jitted function: `temperature`, `top_k` and
-`top_p` are runtime values, so changing them does not recompile. The params may be the BF16
-trainer tree or its quantized rollout copy (`quant.quantize_fp8`): it is the same code, and
-either may first go through `decode_params` once per weight sync (the loop's weight layout).
-Tokens are drawn with a two-level Gumbel-max (`_draw`): exactly softmax(filtered logits), with
-noise for V/128 + 128 ids per row rather than V.
+row per step until every row has emitted an end-of-sequence id or `max_new_tokens` is reached:
+``lax.while_loop(cond, decode_step, state)`` over a `DecodeState`. The whole thing is one jitted
+function: `temperature`, `top_k` and `top_p` are runtime values, so changing them does not
+recompile. The params may be the BF16 trainer tree or its quantized rollout copy
+(`quant.quantize_fp8`): it is the same code, and either may first go through `decode_params`
+once per weight sync (the loop's weight layout). Tokens are drawn with a two-level Gumbel-max
+(`_draw`): exactly softmax(filtered logits), with noise for N + C values per row, not V.
+
+Dimensions: B rows, P prompt length (left padded), T response length (``max_new_tokens``),
+S = P + T KV-cache slots, V vocabulary, N vocabulary blocks of C = 128 ids (`_draw`),
+M end-of-sequence ids.
+
+Decode layouts
+--------------
+How the loop stores what it reads at every step is a static, named choice, `DecodeLayout`
+(``generate(..., layout=...)``; one compiled program per layout). It changes speed, not the
+distribution: every layout holds the same numbers (a dot may sum them in another order).
+
+- ``"in_out_f32_values"``: unquantized matmul weights (and the LM head) transposed once to
+  ``[in, out]`` (`quant.InOut`), 16-bit value caches stored as float32. XLA:CPU's few-row
+  matmuls read ``[in, out]`` up to 2x faster, and its float32 batched dots and cache-slot
+  writes beat bfloat16 ones (benchmarks/README.md). The default on CPU.
+- ``"out_in"``: weights in the model's ``[out, in]`` layout (that of the FP8 GEMM and of
+  cuBLAS / TPU matmuls), the value cache in the compute dtype. The default on GPU and TPU.
+
+``layout="auto"`` (the default) is resolved by `default_layout` from `jax.default_backend()` in
+Python, before anything is traced; both layouts run in the CPU test suite.
 
 Which log-prob goes into the importance ratio
 ---------------------------------------------
@@ -28,6 +48,7 @@ With the default full-vocabulary sampling (top_k=None, top_p=None) the two are i
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import numbers
 from collections.abc import Sequence
@@ -37,7 +58,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from ais_jax.model import Params, forward, forward_cached, init_cache, unstack_layers
+from ais_jax.model import KVCache, Params, forward, forward_cached, init_cache, unstack_layers
 from ais_jax.model_config import ModelConfig
 from ais_jax.quant import LINEAR_WEIGHTS, InOut, QArray
 
@@ -108,34 +129,35 @@ def _first_argmax(x_BV: jax.Array) -> jax.Array:
     return jnp.minimum(first_B, V - 1)  # a NaN row matches nothing: keep the id in range
 
 
-_BLOCK = 128  # vocabulary block of the two-level draw
+_BLOCK = 128  # C: vocabulary ids per block of the two-level draw
 
 
 def _draw(key: jax.Array, logits_BV: jax.Array) -> tuple[jax.Array, jax.Array]:
     """One token per row from ``softmax(logits_BV)`` and its log-prob, with Gumbel noise for
-    ``V / 128 + 128`` values per row instead of ``V``.
+    ``N + C`` values per row instead of ``V``.
 
-    The vocabulary is cut into N blocks of C = 128 ids (the last one padded with -inf). A Gumbel-max
-    draw over the log block masses picks a block with probability (its mass) / (total mass);
-    a second one over the block's logits picks an id with probability (its weight) / (block
-    mass): the product is exactly softmax(logits). The block masses are the sums of
-    ``exp(logits - max)`` that the log-softmax needs anyway, so the pass over the vocabulary
-    computes no noise at all; drawing noise for every id (`jax.random.categorical`) cost more
-    than the rest of sampling on CPU.
+    The vocabulary is cut into N = ceil(V / C) blocks of C = 128 ids (the last one padded with
+    -inf). A Gumbel-max draw over the log block masses picks a block with probability (its
+    mass) / (total mass); a second one over the block's logits picks an id with probability
+    (its weight) / (block mass): the product is exactly softmax(logits). The block masses are
+    the sums of ``exp(logits - max)`` that the log-softmax needs anyway, so the pass over the
+    vocabulary computes no noise at all; drawing noise for every id
+    (`jax.random.categorical`) cost more than the rest of sampling on CPU.
     """
     B, V = logits_BV.shape
-    nb = -(-V // _BLOCK)
-    x_BNC = jnp.pad(logits_BV, ((0, 0), (0, nb * _BLOCK - V)), constant_values=-jnp.inf)
-    x_BNC = x_BNC.reshape(B, nb, _BLOCK)
+    C = _BLOCK
+    N = -(-V // C)
+    x_BNC = jnp.pad(logits_BV, ((0, 0), (0, N * C - V)), constant_values=-jnp.inf)
+    x_BNC = x_BNC.reshape(B, N, C)
     max_B11 = jnp.max(x_BNC, axis=(1, 2), keepdims=True)
     mass_BN = jnp.sum(jnp.exp(x_BNC - max_B11), axis=-1)
     block_key, id_key = jax.random.split(key)
-    block_B = _first_argmax(jnp.log(mass_BN) + jax.random.gumbel(block_key, (B, nb)))
+    block_B = _first_argmax(jnp.log(mass_BN) + jax.random.gumbel(block_key, (B, N)))
     inner_BC = jnp.take_along_axis(x_BNC, block_B[:, None, None], axis=1)[:, 0]
-    id_B = _first_argmax(inner_BC + jax.random.gumbel(id_key, (B, _BLOCK)))
+    id_B = _first_argmax(inner_BC + jax.random.gumbel(id_key, (B, C)))
     logit_B = jnp.take_along_axis(inner_BC, id_B[:, None], axis=-1)[:, 0]
     logp_B = logit_B - max_B11[:, 0, 0] - jnp.log(jnp.sum(mass_BN, axis=-1))
-    return jnp.minimum(block_B * _BLOCK + id_B, V - 1), logp_B
+    return jnp.minimum(block_B * C + id_B, V - 1), logp_B
 
 
 def _sample(key, logits_BV, temperature, top_k, top_p):
@@ -156,43 +178,126 @@ def _sample(key, logits_BV, temperature, top_k, top_p):
     return jax.lax.cond((top_k < V) | (top_p < 1.0), filtered, plain, scaled_BV)
 
 
-def decode_params(params: Params) -> Params:
-    """The params as the decode loop reads them: layers unstacked (`model.unstack_layers`) so
-    no step slices the stacked arrays again, and on CPU every unquantized matmul weight (and the
-    LM head, a copy when tied) transposed to `quant.InOut`, the layout XLA:CPU's few-row
-    matmuls read fastest. Quantized weights keep the ``[out, in]`` layout of the FP8 GEMM.
+# ---- decode layouts -------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeLayout:
+    """How the decode loop stores what it reads at every step (see the module docstring).
+
+    ``in_out_weights``: unquantized matmul weights and the LM head as `quant.InOut` ``[in,
+    out]`` copies (quantized weights keep the ``[out, in]`` layout of the FP8 GEMM);
+    ``float32_values``: a 16-bit value cache stored as float32 (keys always stay in the compute
+    dtype). Hashable: `generate` compiles one program per layout.
+    """
+
+    name: str
+    in_out_weights: bool
+    float32_values: bool
+
+
+DECODE_LAYOUTS: dict[str, DecodeLayout] = {
+    layout.name: layout
+    for layout in (
+        DecodeLayout("in_out_f32_values", in_out_weights=True, float32_values=True),
+        DecodeLayout("out_in", in_out_weights=False, float32_values=False),
+    )
+}
+
+
+def default_layout(backend: str | None = None) -> str:
+    """The name of the layout ``"auto"`` picks for ``backend`` (default: `jax.default_backend()`):
+    ``"in_out_f32_values"`` on CPU, ``"out_in"`` on GPU and TPU."""
+    backend = jax.default_backend() if backend is None else backend
+    return "in_out_f32_values" if backend == "cpu" else "out_in"
+
+
+def resolve_layout(layout: str | DecodeLayout = "auto") -> DecodeLayout:
+    """A `DecodeLayout` from a name of `DECODE_LAYOUTS`, ``"auto"`` (`default_layout`), or a
+    `DecodeLayout` itself. Plain Python: call it before tracing, never on traced values."""
+    if isinstance(layout, DecodeLayout):
+        return layout
+    name = default_layout() if isinstance(layout, str) and layout == "auto" else layout
+    if not isinstance(name, str) or name not in DECODE_LAYOUTS:
+        raise ValueError(
+            f"Unknown decode layout {layout!r}; valid layouts: {['auto', *DECODE_LAYOUTS]} "
+            f"(or a sampler.DecodeLayout)."
+        )
+    return DECODE_LAYOUTS[name]
+
+
+def decode_params(params: Params, layout: str | DecodeLayout = "auto") -> Params:
+    """The params as the decode loop reads them under ``layout``: layers unstacked
+    (`model.unstack_layers`) so no step slices the stacked arrays again, and with
+    ``in_out_weights`` every unquantized matmul weight (and the LM head, a copy when tied)
+    transposed to `quant.InOut`; without it, `InOut` weights are turned back to ``[out, in]``.
+    Quantized weights keep the ``[out, in]`` layout of the FP8 GEMM.
 
     `generate` applies it to whatever it is given (inside its jit, before the loop); applied
-    twice it changes nothing. Calling it yourself once per weight sync, as `quantize_fp8` is,
-    saves that re-layout (a copy of the weights) on every later `generate` call with the same
-    weights. It keeps one copy of the transposed weights alive.
+    twice with one layout it changes nothing. Calling it yourself once per weight sync, as
+    `quantize_fp8` is, saves that re-layout (a copy of the weights) on every later `generate`
+    call with the same weights and layout. It keeps one copy of the transposed weights alive.
     """
+    in_out = resolve_layout(layout).in_out_weights
     params = unstack_layers(params)
-    if jax.default_backend() != "cpu":
-        return params
-    to_in_out = lambda w: w if isinstance(w, QArray | InOut) else InOut.of(w)  # noqa: E731
     layers = [
-        {name: to_in_out(w) if name in LINEAR_WEIGHTS else w for name, w in layer.items()}
+        {name: _relayout(w, in_out) if name in LINEAR_WEIGHTS else w for name, w in layer.items()}
         for layer in params["layers"]
     ]
-    head = to_in_out(params.get("lm_head", params["embed"]))
-    return {**params, "layers": layers, "lm_head": head}
+    params = {**params, "layers": layers}
+    if in_out or "lm_head" in params:
+        params["lm_head"] = _relayout(params.get("lm_head", params["embed"]), in_out)
+    return params
 
 
-def value_cache_dtype(dtype) -> jnp.dtype:
+def _relayout(w, in_out: bool):
+    """A matmul weight as `quant.InOut` (``in_out``) or as a plain ``[out, in]`` array;
+    quantized weights (`QArray`) as they are."""
+    if isinstance(w, QArray) or isinstance(w, InOut) == in_out:
+        return w
+    return InOut.of(w) if in_out else jnp.swapaxes(w.w_IO, -1, -2)
+
+
+def value_cache_dtype(dtype, layout: str | DecodeLayout = "auto") -> jnp.dtype:
     """The value cache's dtype for a model computing in ``dtype``: the same, except float32 for
-    16-bit floats on CPU, where XLA's float32 batched dots (attention's probs x values) are
-    faster than bfloat16 ones and its float32 cache-slot writes are in place. The stored
-    values are the same bfloat16 numbers (see `model.attention`); the keys stay in ``dtype``,
-    which keeps the scores' dot the trainer's (a float32 one sums in another order and moved
-    the BF16 rollout off the trainer's log-probs)."""
+    16-bit floats under a ``float32_values`` layout (XLA:CPU's float32 batched dots, attention's
+    probs x values, are faster than bfloat16 ones and its float32 cache-slot writes are in
+    place). The stored values are the same bfloat16 numbers (see `model.attention`); the keys
+    stay in ``dtype``, which keeps the scores' dot the trainer's (a float32 one sums in another
+    order and moved the BF16 rollout off the trainer's log-probs)."""
     dtype = jnp.dtype(dtype)
-    if jax.default_backend() == "cpu" and dtype.itemsize < 4:
+    if resolve_layout(layout).float32_values and dtype.itemsize < 4:
         return jnp.dtype(jnp.float32)
     return dtype
 
 
-@functools.partial(jax.jit, static_argnames=("config", "max_new_tokens", "eos_ids", "pad_id"))
+# ---- the decode loop --------------------------------------------------------------------------
+
+
+@struct.dataclass
+class DecodeState:
+    """The carry of the decode loop, after ``step`` response positions have been emitted.
+
+    cache: the KV cache (S = P + T slots); key: the rollout key (step t draws with
+    ``fold_in(key, t)``); last_B: the token emitted at step - 1, fed to the next forward;
+    done_B: the row has emitted an end-of-sequence id; tokens_BT / mask_BT / logp_BT /
+    logp_plain_BT: the `Rollout` fields, filled up to column ``step`` (pad_id / 0 beyond).
+    """
+
+    step: jax.Array
+    cache: KVCache
+    key: jax.Array
+    last_B: jax.Array
+    done_B: jax.Array
+    tokens_BT: jax.Array
+    mask_BT: jax.Array
+    logp_BT: jax.Array
+    logp_plain_BT: jax.Array
+
+
+@functools.partial(
+    jax.jit, static_argnames=("config", "max_new_tokens", "eos_ids", "pad_id", "layout")
+)
 def _generate(
     params,
     config,
@@ -206,64 +311,69 @@ def _generate(
     max_new_tokens,
     eos_ids,
     pad_id,
+    layout: str | DecodeLayout = "auto",
 ):
     B, P = prompt_BP.shape
     T = max_new_tokens
-    params = decode_params(params)
+    layout = resolve_layout(layout)  # `generate` passes it resolved
+    params = decode_params(params, layout)
     dtype = params["embed"].dtype
-    cache = init_cache(config, B, P + T, dtype, value_dtype=value_cache_dtype(dtype))
+    cache = init_cache(config, B, P + T, dtype, value_dtype=value_cache_dtype(dtype, layout))
     logits_B1V, cache = forward_cached(
         params, config, prompt_BP, cache, prompt_mask_BP, last_only=True
     )
-    eos_E = jnp.asarray(eos_ids if eos_ids else (-1,), jnp.int32)
+    eos_M = jnp.asarray(eos_ids if eos_ids else (-1,), jnp.int32)
 
-    def emit(state, t, logits_BV):
-        tokens, mask, logp, logp_plain, done, _ = state
-        token_B, lp_B, lpp_B = _sample(
-            jax.random.fold_in(key, t), logits_BV, temperature, top_k, top_p
+    def emit(state: DecodeState, logits_BV: jax.Array) -> DecodeState:
+        """Sample response position ``state.step`` from ``logits_BV`` (pad_id in done rows)."""
+        t = state.step
+        token_B, logp_B, logp_plain_B = _sample(
+            jax.random.fold_in(state.key, t), logits_BV, temperature, top_k, top_p
         )
-        live_B = ~done
+        live_B = ~state.done_B
         token_B = jnp.where(live_B, token_B, pad_id)
-        write = lambda buf, v: jax.lax.dynamic_update_slice(buf, v[:, None], (0, t))  # noqa: E731
-        tokens = write(tokens, token_B)
-        mask = write(mask, live_B)
-        logp = write(logp, jnp.where(live_B, lp_B, 0.0))
-        logp_plain = write(logp_plain, jnp.where(live_B, lpp_B, 0.0))
-        done = done | (live_B & jnp.isin(token_B, eos_E))
-        return (tokens, mask, logp, logp_plain, done, token_B)
+        write = lambda x_BT, x_B: jax.lax.dynamic_update_slice(x_BT, x_B[:, None], (0, t))  # noqa: E731
+        return state.replace(
+            step=t + 1,
+            last_B=token_B,
+            done_B=state.done_B | (live_B & jnp.isin(token_B, eos_M)),
+            tokens_BT=write(state.tokens_BT, token_B),
+            mask_BT=write(state.mask_BT, live_B),
+            logp_BT=write(state.logp_BT, jnp.where(live_B, logp_B, 0.0)),
+            logp_plain_BT=write(state.logp_plain_BT, jnp.where(live_B, logp_plain_B, 0.0)),
+        )
 
-    state = (
-        jnp.full((B, T), pad_id, jnp.int32),
-        jnp.zeros((B, T), bool),
-        jnp.zeros((B, T), jnp.float32),
-        jnp.zeros((B, T), jnp.float32),
-        jnp.zeros((B,), bool),
-        jnp.zeros((B,), jnp.int32),
+    def cond(state: DecodeState) -> jax.Array:
+        return (state.step < T) & ~jnp.all(state.done_B)
+
+    def decode_step(state: DecodeState) -> DecodeState:
+        """One token per row: a forward of the last tokens (done rows masked) over the cache."""
+        logits_B1V, cache = forward_cached(
+            params, config, state.last_B[:, None], state.cache, ~state.done_B[:, None]
+        )
+        return emit(state.replace(cache=cache), logits_B1V[:, 0])
+
+    start = DecodeState(
+        step=jnp.zeros((), jnp.int32),
+        cache=cache,
+        key=key,
+        last_B=jnp.zeros((B,), jnp.int32),
+        done_B=jnp.zeros((B,), bool),
+        tokens_BT=jnp.full((B, T), pad_id, jnp.int32),
+        mask_BT=jnp.zeros((B, T), bool),
+        logp_BT=jnp.zeros((B, T), jnp.float32),
+        logp_plain_BT=jnp.zeros((B, T), jnp.float32),
     )
-    state = emit(state, 0, logits_B1V[:, 0])
-
-    def cond(carry):
-        t, _, state = carry
-        return (t < T) & ~jnp.all(state[4])
-
-    def body(carry):
-        t, cache, state = carry
-        live_B1 = ~state[4][:, None]
-        logits_B1V, cache = forward_cached(params, config, state[5][:, None], cache, live_B1)
-        return t + 1, cache, emit(state, t, logits_B1V[:, 0])
-
-    _, _, (tokens, mask, logp, logp_plain, done, _) = jax.lax.while_loop(
-        cond, body, (jnp.asarray(1, jnp.int32), cache, state)
-    )
+    state = jax.lax.while_loop(cond, decode_step, emit(start, logits_B1V[:, 0]))
     return Rollout(
         prompt_tokens=prompt_BP,
         prompt_mask=prompt_mask_BP,
-        tokens=tokens,
-        mask=mask,
-        logp=logp,
-        logp_plain=logp_plain,
-        lengths=mask.sum(-1, dtype=jnp.int32),
-        finished=done,
+        tokens=state.tokens_BT,
+        mask=state.mask_BT,
+        logp=state.logp_BT,
+        logp_plain=state.logp_plain_BT,
+        lengths=state.mask_BT.sum(-1, dtype=jnp.int32),
+        finished=state.done_B,
     )
 
 
@@ -280,12 +390,15 @@ def generate(
     eos_ids: Sequence[int] = (),
     pad_id: int = 0,
     prompt_mask=None,
+    layout: str | DecodeLayout = "auto",
 ) -> Rollout:
     """Sample up to ``max_new_tokens`` tokens after each prompt.
 
     ``prompts`` is a list of token-id lists (left-padded here) or a ``[B, P]`` array with its
     ``prompt_mask``. Deterministic for a given ``key``. Changing ``temperature``, ``top_k`` or
-    ``top_p`` between calls reuses the compiled program.
+    ``top_p`` between calls reuses the compiled program. ``layout`` is the decode loop's
+    `DecodeLayout` (a name of `DECODE_LAYOUTS`, or ``"auto"``: the backend's, `default_layout`);
+    it changes the speed, not the distribution, and each layout compiles its own program.
 
     >>> rollout = generate(params, config, [[1, 2, 3], [4]], jax.random.key(0),
     ...                    max_new_tokens=16, eos_ids=(2,))  # doctest: +SKIP
@@ -293,6 +406,7 @@ def generate(
     if not isinstance(max_new_tokens, int | np.integer) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}.")
     _check_sampling(temperature, top_k, top_p, config.vocab_size)
+    layout = resolve_layout(layout)
     if prompt_mask is None:
         if isinstance(prompts, jax.Array | np.ndarray):
             prompt_mask = np.ones(prompts.shape, bool)
@@ -321,6 +435,7 @@ def generate(
         max_new_tokens=int(max_new_tokens),
         eos_ids=tuple(int(e) for e in eos_ids),
         pad_id=int(pad_id),
+        layout=layout,
     )
 
 

@@ -1,4 +1,4 @@
-"""The GRPO + AIS training step as pure, jitted phase functions (SPEC.md section 4).
+"""The GRPO + AIS training step: pure functions, each jitted once as a phase (SPEC.md section 4).
 
 One step of training is four jitted calls and a little host work:
 
@@ -10,16 +10,27 @@ One step of training is four jitted calls and a little host work:
              is applied per minibatch inside the loss, so AIS's alpha is one scalar per
              minibatch, computed from detached values
 
-Precision policy: master params and optimizer state are float32; every forward of the trainer
-(score and update) runs in bfloat16 (`cast_params`); logits, log-softmax, log-probs, ratios and
+plus, before RL, the supervised warm start (`sft_step`). Precision policy: master params and
+optimizer state are float32; every forward of the trainer (score, update, SFT) runs in
+bfloat16 (`COMPUTE_DTYPE`, via `cast_params`); logits, log-softmax, log-probs, ratios and
 losses are float32. A minibatch whose loss or gradient is not finite is skipped (params and
 optimizer state unchanged) and counted in `train/skipped_steps`.
+
+`make_phases` is the one place the phases are jitted: each with its ``in_shardings`` and
+``out_shardings`` from `sharding.py`'s table (the trainer's state in the `TRAIN` layout, the
+rollout copy in the `ROLLOUT` layout, the rows of every batch over data x fsdp) and with
+donation of the state it replaces. Each phase is memoised on the hashable settings it depends
+on -- the mesh, the model config and the config sections it reads -- so every `Run` with equal
+settings (the arms and seeds of a comparison, a resumed run) gets the very same jitted callables
+and compiles nothing again, and a phase a setting does not touch is shared across it (scoring
+across corrections, the BF16 evaluation policy across rollout formats).
 
 Nothing here touches files, logging or the command line: see `runner.py`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -29,14 +40,24 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from ais_jax import ais, grpo
-from ais_jax.config import CorrectionConfig, LossConfig, OptimConfig, RolloutConfig
-from ais_jax.model import Params, cast_params
+from ais_jax import ais, grpo, sampler
+from ais_jax import sharding as shd
+from ais_jax.config import (
+    CorrectionConfig,
+    LossConfig,
+    OptimConfig,
+    RolloutConfig,
+    SFTConfig,
+    TrainConfig,
+)
+from ais_jax.model import Params, cast_params, param_shapes
 from ais_jax.model_config import ModelConfig
 from ais_jax.quant import quantize_params
-from ais_jax.sampler import token_logprobs
 
+# The trainer's compute dtype. The phases read it when they are built (it is part of their
+# memo key), so a test may set it to float32 to compare sharded with unsharded math exactly.
 COMPUTE_DTYPE = jnp.bfloat16
+_MEMO = 64  # compiled phases kept per builder (least recently used dropped first)
 
 
 @struct.dataclass
@@ -49,16 +70,19 @@ class TrainState:
 
 @struct.dataclass
 class Batch:
-    """One rollout batch, N = prompts_per_step * group_size rows."""
+    """One rollout batch, B = prompts_per_step * group_size rows of T response tokens."""
 
-    prompt_tokens: jax.Array  # [N, P]
-    prompt_mask: jax.Array  # [N, P]
-    tokens: jax.Array  # [N, T]
-    mask: jax.Array  # [N, T]
-    logp_rollout: jax.Array  # [N, T] float32, logp_plain of the rollout engine
-    logp_old: jax.Array  # [N, T] float32, BF16 trainer (= logp_train)
-    advantages: jax.Array  # [N] float32
-    logp_ref: jax.Array | None = None  # [N, T] float32, frozen reference (kl_coef > 0)
+    prompt_tokens: jax.Array  # [B, P]
+    prompt_mask: jax.Array  # [B, P]
+    tokens: jax.Array  # [B, T]
+    mask: jax.Array  # [B, T]
+    logp_rollout: jax.Array  # [B, T] float32, logp_plain of the rollout engine
+    logp_old: jax.Array  # [B, T] float32, BF16 trainer (= logp_train)
+    advantages: jax.Array  # [B] float32
+    logp_ref: jax.Array | None = None  # [B, T] float32, frozen reference (kl_coef > 0)
+
+
+# ---- optimizers and the correction --------------------------------------------------------------
 
 
 def make_optimizer(cfg: OptimConfig, total_steps: int) -> optax.GradientTransformation:
@@ -81,21 +105,42 @@ def make_optimizer(cfg: OptimConfig, total_steps: int) -> optax.GradientTransfor
         lr = cfg.learning_rate
     return optax.chain(
         optax.clip_by_global_norm(cfg.grad_clip),
-        optax.adamw(lr, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay),
+        optax.adamw(lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay),
     )
 
 
-def make_correction(cfg: CorrectionConfig) -> Callable:
-    """The correction callable of `ais.py` that ``cfg.method`` names."""
-    if cfg.method == "none":
-        return ais.uncorrected(clip=cfg.clip)
-    if cfg.method == "tis":
-        return ais.truncated(cfg.clip, level=cfg.level)
-    if cfg.method == "ais":
-        return ais.adaptive(
-            clip=cfg.clip, delta=cfg.delta, gamma=cfg.gamma, beta_var=cfg.beta_var, eps=cfg.eps
+def make_sft_optimizer(cfg: SFTConfig) -> optax.GradientTransformation:
+    """Adam for the SFT warm start: linear warmup over min(50, steps / 10) steps, then cosine
+    decay to 5% of the learning rate at ``cfg.steps`` (its own state, discarded after SFT)."""
+    warmup = max(1, min(50, cfg.steps // 10))
+    return optax.adam(
+        optax.warmup_cosine_decay_schedule(
+            0.0,
+            cfg.learning_rate,
+            warmup,
+            max(cfg.steps, warmup + 1),
+            end_value=0.05 * cfg.learning_rate,
         )
-    return ais.masked(cfg.low, cfg.high, level=cfg.level)
+    )
+
+
+def make_correction(cfg: CorrectionConfig) -> ais.Correction:
+    """The correction of `ais.py` that ``cfg.method`` names. Every method logs the AIS
+    diagnostics with the configured ``clip``, ``delta``, ``gamma``, ``beta_var`` and ``eps``;
+    ``level`` applies to the methods that weight by it (tis, mis)."""
+    diagnostics = dict(
+        clip=cfg.clip, delta=cfg.delta, gamma=cfg.gamma, beta_var=cfg.beta_var, eps=cfg.eps
+    )
+    if cfg.method == "none":
+        return ais.uncorrected(**diagnostics)
+    if cfg.method == "tis":
+        return ais.truncated(level=cfg.level, **diagnostics)
+    if cfg.method == "ais":
+        return ais.adaptive(**diagnostics)
+    return ais.masked(cfg.low, cfg.high, level=cfg.level, **diagnostics)
+
+
+# ---- the pure phase functions -------------------------------------------------------------------
 
 
 def init_state(params: Params, optimizer: optax.GradientTransformation) -> TrainState:
@@ -109,21 +154,29 @@ def init_state(params: Params, optimizer: optax.GradientTransformation) -> Train
     )
 
 
-@functools.partial(jax.jit, static_argnames=("cfg",))
-def sync_rollout_params(params: Params, cfg: RolloutConfig) -> Params:
-    """The rollout engine's copy of the trainer weights, made on device."""
+def sync_rollout_params(params: Params, cfg: RolloutConfig, *, dtype=None) -> Params:
+    """The rollout engine's copy of the trainer weights: the trainer's compute dtype for
+    ``cfg.format == "bf16"``, else quantized (`quant.quantize_params`)."""
     if cfg.format == "bf16":
-        return cast_params(params, COMPUTE_DTYPE)
+        return cast_params(params, dtype or COMPUTE_DTYPE)
     return quantize_params(params, cfg.format, act_scaling=cfg.act_scaling, lm_head=cfg.fp8_lm_head)
 
 
-@functools.partial(jax.jit, static_argnames=("config",))
 def score(
-    params: Params, config: ModelConfig, prompt_tokens, prompt_mask, tokens, mask, temperature
+    params: Params,
+    config: ModelConfig,
+    prompt_tokens,
+    prompt_mask,
+    tokens,
+    mask,
+    temperature,
+    *,
+    dtype=None,
 ):
-    """logp_train (BF16 trainer, float32 log-softmax) and entropy of the sampled tokens."""
-    return token_logprobs(
-        cast_params(params, COMPUTE_DTYPE),
+    """logp_train ``[B, T]`` (trainer in its compute dtype, float32 log-softmax) and the entropy
+    of the sampled tokens' distributions ``[B, T]``."""
+    return sampler.token_logprobs(
+        cast_params(params, dtype or COMPUTE_DTYPE),
         config,
         prompt_tokens,
         prompt_mask,
@@ -139,11 +192,6 @@ def _all_finite(tree) -> jax.Array:
     return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=("config", "optimizer", "optim", "loss_cfg", "correction", "temperature"),
-    donate_argnames=("state",),
-)
 def update(
     state: TrainState,
     batch: Batch,
@@ -153,18 +201,24 @@ def update(
     optimizer: optax.GradientTransformation,
     optim: OptimConfig,
     loss_cfg: LossConfig,
-    correction: Callable,
+    correction: ais.Correction,
     temperature: float,
+    dtype=None,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
-    """``ppo_epochs`` passes over ``minibatches`` shuffled minibatches of the GRPO loss."""
-    N = batch.tokens.shape[0]
+    """``ppo_epochs`` passes over ``minibatches`` shuffled minibatches of the GRPO loss.
+
+    The U = ppo_epochs * minibatches values of each metric reduce to one per step by
+    `ais.reduce_minibatch_metrics`: maxima by max (``is/weight_max`` is the largest weight of
+    the step, not a mean of minibatch maxima), the rest by mean."""
+    dtype = dtype or COMPUTE_DTYPE
+    B = batch.tokens.shape[0]
     M = optim.minibatches
-    perms = [jax.random.permutation(k, N) for k in jax.random.split(key, optim.ppo_epochs)]
-    idx_UM = jnp.concatenate([p.reshape(M, N // M) for p in perms])  # U = epochs * minibatches
+    perms = [jax.random.permutation(k, B) for k in jax.random.split(key, optim.ppo_epochs)]
+    idx_UM = jnp.concatenate([p.reshape(M, B // M) for p in perms])  # U = epochs * minibatches
 
     def loss_fn(params, mb: Batch):
-        logp_new = token_logprobs(
-            cast_params(params, COMPUTE_DTYPE),
+        logp_new = sampler.token_logprobs(
+            cast_params(params, dtype),
             config,
             mb.prompt_tokens,
             mb.prompt_mask,
@@ -212,15 +266,12 @@ def update(
     (params, opt_state, skipped), metrics_U = jax.lax.scan(
         minibatch_step, (state.params, state.opt_state, state.skipped), idx_UM
     )
-    metrics = {k: jnp.mean(v) for k, v in metrics_U.items()}
+    metrics = ais.reduce_minibatch_metrics(metrics_U)
     metrics["train/skipped_steps"] = skipped.astype(jnp.float32)
     new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state, skipped=skipped)
     return new_state, metrics
 
 
-@functools.partial(
-    jax.jit, static_argnames=("config", "optimizer"), donate_argnames=("params", "opt_state")
-)
 def sft_step(
     params: Params,
     opt_state,
@@ -231,15 +282,239 @@ def sft_step(
     *,
     config: ModelConfig,
     optimizer: optax.GradientTransformation,
+    dtype=None,
 ):
     """One supervised step on prompt + demonstration: mean token cross-entropy of the response."""
 
     def loss_fn(p):
-        logp = token_logprobs(
-            cast_params(p, COMPUTE_DTYPE), config, prompt_tokens, prompt_mask, tokens, mask
+        logp = sampler.token_logprobs(
+            cast_params(p, dtype or COMPUTE_DTYPE), config, prompt_tokens, prompt_mask, tokens, mask
         )
         return -jnp.sum(logp) / jnp.maximum(jnp.sum(mask), 1)
 
     loss, grads = jax.value_and_grad(loss_fn)(params)
     updates, opt_state = optimizer.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss
+
+
+# ---- the jitted phases --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Phases:
+    """The jitted phases of one training setup (`make_phases`). Arrays in and out are global
+    `jax.Array`s on the mesh; batches are ``[B, ...]`` with rows over data x fsdp.
+
+    init(params) -> TrainState                       params placed shard by shard; moments
+                                                     created sharded (no device holds it all)
+    sync(params) -> rollout params                   ``rollout.format`` copy, ROLLOUT layout
+    generate(rollout params, prompts, prompt_mask, key, temperature, top_k, top_p) -> Rollout
+    sync_bf16, generate_bf16                         the same for the BF16 trainer policy
+                                                     (held-out evaluation)
+    score(params, prompt_tokens, prompt_mask, tokens, mask, temperature) -> (logp, entropy)
+    update(state, batch, key) -> (state, metrics)    donates ``state``; metrics replicated
+    sft_init(params) -> opt_state                    the SFT optimizer's state
+    sft_step(params, opt_state, prompt_tokens, prompt_mask, tokens, mask)
+        -> (params, opt_state, loss)                 donates params and opt_state
+    """
+
+    init: Callable
+    sync: Callable
+    generate: Callable
+    sync_bf16: Callable
+    generate_bf16: Callable
+    score: Callable
+    update: Callable
+    sft_init: Callable
+    sft_step: Callable
+
+
+def make_phases(
+    mesh: jax.sharding.Mesh,
+    cfg: TrainConfig,
+    config: ModelConfig,
+    *,
+    eos_ids: tuple[int, ...] = (),
+    pad_id: int = 0,
+    compute_dtype=None,
+) -> Phases:
+    """The phases of training ``config`` under ``cfg`` on ``mesh``, each memoised on what it
+    reads (module docstring); ``eos_ids`` and ``pad_id`` are the tokenizer's, for decoding;
+    ``compute_dtype`` is the trainer's (default `COMPUTE_DTYPE`). Sampling options are runtime
+    arguments of ``generate``: changing them compiles nothing."""
+    dtype = compute_dtype or COMPUTE_DTYPE
+    r = cfg.rollout
+    bf16 = RolloutConfig(format="bf16")
+    decode = dict(
+        max_new_tokens=r.max_new_tokens,
+        eos_ids=tuple(eos_ids),
+        pad_id=pad_id,
+        layout=sampler.resolve_layout(r.decode_layout),
+    )
+    return Phases(
+        init=_init_phase(mesh, config, cfg.optim, cfg.steps),
+        sync=_sync_phase(mesh, config, _weights(r), dtype),
+        generate=_generate_phase(mesh, config, _weights(r), dtype, **decode),
+        sync_bf16=_sync_phase(mesh, config, bf16, dtype),
+        generate_bf16=_generate_phase(mesh, config, bf16, dtype, **decode),
+        score=_score_phase(mesh, config, dtype),
+        update=_update_phase(
+            mesh, config, cfg.optim, cfg.steps, cfg.loss, cfg.correction, r.temperature, dtype
+        ),
+        sft_init=_sft_init_phase(mesh, config, cfg.sft),
+        sft_step=_sft_step_phase(mesh, config, cfg.sft, dtype),
+    )
+
+
+def _weights(r: RolloutConfig) -> RolloutConfig:
+    """The part of a rollout config that shapes the rollout copy of the weights (the rest at
+    its defaults, so configs that differ elsewhere share the copy's phases)."""
+    return RolloutConfig(format=r.format, act_scaling=r.act_scaling, fp8_lm_head=r.fp8_lm_head)
+
+
+def _master(config: ModelConfig) -> Params:
+    return param_shapes(config, jnp.float32)
+
+
+@functools.lru_cache(maxsize=_MEMO)
+def _init_phase(mesh, config: ModelConfig, optim: OptimConfig, steps: int) -> Callable:
+    init = functools.partial(init_state, optimizer=make_optimizer(optim, steps))
+    shardings = shd.param_shardings(jax.eval_shape(init, _master(config)), mesh, shd.TRAIN)
+    jitted = jax.jit(init, out_shardings=shardings)
+
+    def born_sharded(params: Params) -> TrainState:
+        return jitted(jax.device_put(params, shardings.params))
+
+    return born_sharded
+
+
+@functools.lru_cache(maxsize=_MEMO)
+def _sync_phase(mesh, config: ModelConfig, rollout: RolloutConfig, dtype) -> Callable:
+    """Quantize (or cast) in the training layout, then let ``out_shardings`` gather the copy
+    into the rollout layout (1-byte codes travel, not float32 weights), on device."""
+    sync = functools.partial(sync_rollout_params, cfg=rollout, dtype=dtype)
+    copy = jax.eval_shape(sync, _master(config))
+    in_train = shd.param_shardings(copy, mesh, shd.TRAIN)
+
+    def synced(params):
+        return jax.lax.with_sharding_constraint(sync(params), in_train)
+
+    return jax.jit(
+        synced,
+        in_shardings=(shd.param_shardings(_master(config), mesh, shd.TRAIN),),
+        out_shardings=shd.param_shardings(copy, mesh, shd.ROLLOUT),
+    )
+
+
+@functools.lru_cache(maxsize=_MEMO)
+def _generate_phase(
+    mesh,
+    config: ModelConfig,
+    rollout: RolloutConfig,
+    dtype,
+    *,
+    max_new_tokens,
+    eos_ids,
+    pad_id,
+    layout: sampler.DecodeLayout,
+) -> Callable:
+    """`sampler.generate` with the rollout copy in the ROLLOUT layout and rows over data x fsdp.
+    Random draws do not depend on the mesh (threefry is partitionable), so a key gives the same
+    tokens on any mesh; the KV cache, made inside, is sharded like its inputs by propagation."""
+    copy = jax.eval_shape(
+        functools.partial(sync_rollout_params, cfg=rollout, dtype=dtype), _master(config)
+    )
+
+    def rollout_fn(params, prompts, prompt_mask, key, temperature, top_k, top_p):
+        return sampler.generate(
+            params,
+            config,
+            prompts,
+            key,
+            prompt_mask=prompt_mask,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            max_new_tokens=max_new_tokens,
+            eos_ids=eos_ids,
+            pad_id=pad_id,
+            layout=layout,
+        )
+
+    rows, rep = shd.batch_sharding(mesh), shd.replicated(mesh)
+    return jax.jit(
+        rollout_fn,
+        in_shardings=(shd.param_shardings(copy, mesh, shd.ROLLOUT), rows, rows, rep, rep, rep, rep),
+        out_shardings=rows,
+    )
+
+
+@functools.lru_cache(maxsize=_MEMO)
+def _score_phase(mesh, config: ModelConfig, dtype) -> Callable:
+    def score_fn(params, prompt_tokens, prompt_mask, tokens, mask, temperature):
+        return score(
+            params, config, prompt_tokens, prompt_mask, tokens, mask, temperature, dtype=dtype
+        )
+
+    rows = shd.batch_sharding(mesh)
+    master = shd.param_shardings(_master(config), mesh, shd.TRAIN)
+    return jax.jit(
+        score_fn,
+        in_shardings=(master, rows, rows, rows, rows, shd.replicated(mesh)),
+        out_shardings=rows,
+    )
+
+
+@functools.lru_cache(maxsize=_MEMO)
+def _update_phase(
+    mesh,
+    config: ModelConfig,
+    optim: OptimConfig,
+    steps: int,
+    loss_cfg: LossConfig,
+    correction: CorrectionConfig,
+    temperature: float,
+    dtype,
+) -> Callable:
+    optimizer = make_optimizer(optim, steps)
+    step = functools.partial(
+        update,
+        config=config,
+        optimizer=optimizer,
+        optim=optim,
+        loss_cfg=loss_cfg,
+        correction=make_correction(correction),
+        temperature=temperature,
+        dtype=dtype,
+    )
+    state = jax.eval_shape(functools.partial(init_state, optimizer=optimizer), _master(config))
+    state_sh, rep = shd.param_shardings(state, mesh, shd.TRAIN), shd.replicated(mesh)
+    return jax.jit(
+        step,
+        in_shardings=(state_sh, shd.batch_sharding(mesh), rep),
+        out_shardings=(state_sh, rep),
+        donate_argnums=0,
+    )
+
+
+@functools.lru_cache(maxsize=_MEMO)
+def _sft_init_phase(mesh, config: ModelConfig, sft: SFTConfig) -> Callable:
+    init = make_sft_optimizer(sft).init
+    shardings = shd.param_shardings(jax.eval_shape(init, _master(config)), mesh, shd.TRAIN)
+    master = shd.param_shardings(_master(config), mesh, shd.TRAIN)
+    return jax.jit(init, in_shardings=(master,), out_shardings=shardings)
+
+
+@functools.lru_cache(maxsize=_MEMO)
+def _sft_step_phase(mesh, config: ModelConfig, sft: SFTConfig, dtype) -> Callable:
+    optimizer = make_sft_optimizer(sft)
+    step = functools.partial(sft_step, config=config, optimizer=optimizer, dtype=dtype)
+    master = shd.param_shardings(_master(config), mesh, shd.TRAIN)
+    opt_sh = shd.param_shardings(jax.eval_shape(optimizer.init, _master(config)), mesh, shd.TRAIN)
+    rows = shd.batch_sharding(mesh)
+    return jax.jit(
+        step,
+        in_shardings=(master, opt_sh, rows, rows, rows, rows),
+        out_shardings=(master, opt_sh, shd.replicated(mesh)),
+        donate_argnums=(0, 1),
+    )

@@ -24,7 +24,8 @@ the call, as in every engine's public API), the ratio of ais_jax to the faster p
 fraction of the memory-read roofline: (weight bytes + average KV-cache bytes read per step) /
 step time over the read bandwidth measured here with numpy (a "tiny" model sits in cache).
 Each call's process CPU time is reported too (``tok/cpu-s``): other processes on a shared
-machine inflate wall time, hardly CPU time. ``--ais-src`` benchmarks another ais_jax checkout.
+machine inflate wall time, hardly CPU time. ``--ais-src`` benchmarks another ais_jax checkout;
+``--layout`` picks ais_jax's decode layout (`sampler.DECODE_LAYOUTS`; default: the backend's).
 
     python benchmarks/sampler.py                  # tiny,small x b8,b32 x f32,bf16
     python benchmarks/sampler.py --quick          # smoke run: tiny, b8, bf16, 16 tokens
@@ -34,6 +35,7 @@ machine inflate wall time, hardly CPU time. ``--ais-src`` benchmarks another ais
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -193,9 +195,12 @@ def worker_ais_jax(a) -> dict:
     config, params = load_hf(a.ckpt, dtype=dtype)
     if a.dtype == "fp8":
         params = quantize_fp8(params)
+    # The decode layout (`sampler.DECODE_LAYOUTS`); "auto" passes none, so an older checkout
+    # (--ais-src) without the argument still runs.
+    layout = {} if a.layout == "auto" else {"layout": a.layout}
     # The per-weight-sync re-layout, done once as the peers hold their weights ready (timed
     # apart: the second of two calls, so without its compile).
-    prepare = jax.jit(decode_params)
+    prepare = jax.jit(functools.partial(decode_params, **layout))
     jax.block_until_ready(prepare(params))
     start = time.perf_counter()
     params = jax.block_until_ready(prepare(params))
@@ -212,6 +217,7 @@ def worker_ais_jax(a) -> dict:
             max_new_tokens=a.new_tokens,
             prompt_mask=mask,
             temperature=1.0,
+            **layout,
         )
         return int(np.asarray(jax.block_until_ready(out.lengths)).min())
 
@@ -220,7 +226,8 @@ def worker_ais_jax(a) -> dict:
     return {
         **_timed(call, a.repeats),
         "prepare_s": prepare_s,
-        "version": f"jax {jax.__version__}, ais_jax from {Path(ais_jax.__file__).parent.parent}",
+        "version": f"jax {jax.__version__}, ais_jax from {Path(ais_jax.__file__).parent.parent}"
+        f", layout {a.layout}",
     }
 
 
@@ -392,6 +399,8 @@ def spawn(
         str(args.seed),
         "--threads",
         str(args.threads),
+        "--layout",
+        args.layout,
     ]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TOKENIZERS_PARALLELISM="false")
     if worker == "ais_jax":  # the engine under test, imported from --ais-src (this checkout)
@@ -498,6 +507,11 @@ def main() -> None:
     )
     p.add_argument("--max-wait", type=float, default=600.0, help="seconds --max-load may wait")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--layout",
+        default="auto",
+        help="ais_jax decode layout: auto (the backend's), in_out_f32_values or out_in",
+    )
     p.add_argument("--keep-ckpt", default=None, help="write the checkpoints here and keep them")
     p.add_argument("--json", default=None, help="also write every result to this file")
     p.add_argument("--verbose", action="store_true")

@@ -209,7 +209,7 @@ FP8_MISMATCH = [
     def ess_ratio(log_ratio_BT):
         zeros = np.zeros_like(log_ratio_BT)
         metrics = ais_jax.mismatch_metrics(log_ratio_BT, zeros, np.ones_like(zeros))
-        return float(metrics["mismatch/ess_ratio"])
+        return float(metrics["mismatch/ess_ratio_raw"])
 
 
     seq_log_ratio = {T: token_log_ratio[:, :T].sum(axis=1) for T in lengths}
@@ -332,7 +332,7 @@ FP8_MISMATCH = [
 
     def gap(logp_BT):
         m = ais_jax.mismatch_metrics(logp_train, logp_BT, rollout.mask)
-        return float(m["mismatch/mean_abs"]), float(m["mismatch/ess_ratio"])
+        return float(m["mismatch/mean_abs"]), float(m["mismatch/ess_ratio_raw"])
 
 
     gaps = {"bf16 vs fp32": gap(score(params_fp32, config, *sampled)),
@@ -569,7 +569,7 @@ AIS_WALKTHROUGH = [
 
     fig, ax = plt.subplots(figsize=(7, 4))
     plot_sweep(ax, d_bar, rows, r"mismatch $\bar d$ = mean $|\log\rho|$ (log scale)",
-               extra=["ais/ess_ratio"])
+               extra=["ais/ess_ratio_truncated"])
     ax.set_xscale("log")
     ax.axvline(0.02, color="tab:green", ls=":", lw=1)
     ax.text(0.021, 0.03, r"$\delta$ = 0.02", color="tab:green")
@@ -593,7 +593,7 @@ AIS_WALKTHROUGH = [
 
     fig, ax = plt.subplots(figsize=(7, 4))
     plot_sweep(ax, dofs, rows, r"degrees of freedom $\nu$ (log scale; heavier tails to the right)",
-               extra=["ais/ess_ratio", "is/clip_frac"])
+               extra=["ais/ess_ratio_truncated", "is/clip_frac"])
     ax.set_xscale("log")
     ax.invert_xaxis()
     ax.set_title("sweep 2: heavy-tailed weights")
@@ -728,7 +728,7 @@ TRAIN_TINY = [
     plot(axes[0, 0], ["reward/mean"], "mean reward of the FP8 samples (1 = correct)")
     plot(axes[0, 1], ["ais/alpha", "ais/alpha_ess", "ais/alpha_mis", "ais/alpha_var"],
          "AIS coefficient and its components")
-    plot(axes[1, 0], ["ais/ess_ratio", "mismatch/ess_ratio"], "ESS ratio of the token weights")
+    plot(axes[1, 0], ["ais/ess_ratio_truncated", "mismatch/ess_ratio_raw"], "ESS ratio of the token weights")
     plot(axes[1, 1], ["ais/mismatch"], r"mismatch $\bar d$ = mean |logp_train - logp_rollout|")
     axes[1, 1].axhline(cfg.correction.delta, color="k", ls=":", label=r"$\delta$")
     axes[1, 1].legend(fontsize=8)

@@ -6,6 +6,9 @@ biases 0.2 N(0, 1)) so logits are O(1), never near zero, plus a `tokenizer.json`
 the whitespace-separated words "0" .. "V-2", and "<eos>" = V-1) and a `generation_config.json`
 naming that eos id. The `hf_checkpoint` fixture is the same factory, cached per session: treat
 the directories it returns as read-only (copy one before breaking it).
+
+Every test runs with ``jax_numpy_rank_promotion="raise"`` (`_strict_rank_promotion`): an
+implicit broadcast between arrays of different rank is an error, not a silent outer product.
 """
 
 from __future__ import annotations
@@ -14,7 +17,16 @@ import json
 import shutil
 from pathlib import Path
 
+import jax
 import pytest
+
+
+@pytest.fixture(autouse=True)
+def _strict_rank_promotion():
+    """`jax_numpy_rank_promotion="raise"` for every test (the one place it is set)."""
+    with jax.numpy_rank_promotion("raise"):
+        yield
+
 
 TINY = dict(
     vocab_size=96,

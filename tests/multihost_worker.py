@@ -22,31 +22,26 @@ import traceback  # noqa: E402
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
-import optax  # noqa: E402
+from training_run import SHARDED_MODEL  # noqa: E402
 
 from ais_jax import data, model, train  # noqa: E402
 from ais_jax import sharding as shd  # noqa: E402
 from ais_jax.checkpoint import Checkpointer  # noqa: E402
-from ais_jax.config import RolloutConfig  # noqa: E402
-from ais_jax.model_config import ModelConfig  # noqa: E402
+from ais_jax.config import DistributedConfig, MeshConfig, RolloutConfig, TrainConfig  # noqa: E402
 from ais_jax.tasks import Arithmetic  # noqa: E402
 
 train.COMPUTE_DTYPE = jax.numpy.float32  # as sharding_worker.py: see check_training_run
 
-CONFIG = ModelConfig(
-    vocab_size=64,
-    hidden_size=64,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=16,
-    intermediate_size=128,
-    tie_embeddings=False,
-)
+CONFIG = SHARDED_MODEL
 
 
 def mesh(**sizes):
-    return shd.make_mesh(shd.MeshConfig(**{"data": 1, **sizes}))
+    return shd.make_mesh(MeshConfig(**{"data": 1, **sizes}))
+
+
+def phases(m, rollout: RolloutConfig | None = None) -> train.Phases:
+    """The production phases (`train.make_phases`) of a default run on mesh ``m``."""
+    return train.make_phases(m, TrainConfig(rollout=rollout or RolloutConfig()), CONFIG)
 
 
 def params():
@@ -77,7 +72,7 @@ def check_per_host_data(ctx):
     """Host i reads global batches i, i + 2, ...: together the one-process batches of 2b."""
     b, pid = 3, ctx["pid"]
     per_host = data.prompt_dataset(Arithmetic(), seed=0, batch_size=b, num_examples=1000)
-    mine = shd.host_shard(per_host)  # default: grain.sharding.ShardByJaxProcess
+    mine = data.host_shard(per_host)  # default: grain.sharding.ShardByJaxProcess
     one = data.prompt_dataset(Arithmetic(), seed=0, batch_size=2 * b, num_examples=1000)
     for step in range(3):
         assert mine[step] == one[step][pid * b : (pid + 1) * b], step
@@ -98,20 +93,22 @@ def check_global_batch(ctx):
 def check_fp8_sync_across_hosts(ctx):
     """The FP8 rollout copy made on a mesh spanning both hosts (global amax all-reduced
     across processes) equals the copy one device makes."""
-    m = mesh(data=2, fsdp=2, tensor=2)
     rollout = RolloutConfig(format="float8_e4m3fn")
-    ref = train.sync_rollout_params(ctx["params"], rollout)  # this process, one device
-    state_params = shd.shard_state(ctx["params"], m)
-    q = shd.sharded_sync(m, state_params, rollout)(state_params)
+    one = shd.make_mesh(MeshConfig(data=1), jax.local_devices()[:1])  # this process, one device
+    ref = phases(one, rollout).sync(phases(one).init(ctx["params"]).params)
+    m = mesh(data=2, fsdp=2, tensor=2)
+    q = phases(m, rollout).sync(phases(m).init(ctx["params"]).params)
     assert_shards_equal(q, jax.device_get(ref))
 
 
 def check_checkpoint_across_hosts(ctx):
     """Both processes save a state sharded 2 x 4 (fsdp x tensor) over the two hosts; both
     restore it onto fsdp = 8."""
-    optimizer = optax.adamw(1e-3)
-    state = shd.sharded_init(mesh(fsdp=2, tensor=4), ctx["params"], optimizer)
-    expected = jax.device_get(train.init_state(ctx["params"], optimizer))
+    cfg = TrainConfig()
+    state = phases(mesh(fsdp=2, tensor=4)).init(ctx["params"])
+    expected = jax.device_get(
+        train.init_state(ctx["params"], train.make_optimizer(cfg.optim, cfg.steps))
+    )
     ckpt = Checkpointer(os.path.join(ctx["tmp"], "ckpt"))
     ckpt.save(3, {"train": state}, {"step": 3})
     target = mesh(fsdp=8)
@@ -151,7 +148,7 @@ CHECKS = [
 
 def main(pid: int, port: int, tmp: str) -> None:
     shd.initialize_distributed(
-        shd.DistributedConfig(
+        DistributedConfig(
             enabled=True, coordinator_address=f"localhost:{port}", num_processes=2, process_id=pid
         )
     )

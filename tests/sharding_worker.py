@@ -5,10 +5,12 @@ the rest of the suite keeps one device, so test_sharding.py runs this file once 
 ``python tests/sharding_worker.py OUT.json TMPDIR`` and turns each entry of OUT.json into a
 test. Every check compares a sharded computation with the same computation on one device.
 
-Sharding must not change the math, only the order of float32 reductions (the all-reduces of
-a tensor- or fsdp-sharded matmul). So the trainer runs in float32 here
-(``train.COMPUTE_DTYPE``): in bfloat16 the same reordering is rounded to 8 bits and the
-comparison would measure bf16 rounding instead of the sharding.
+Both sides are the phases `train.make_phases` builds, on a 2 x 2 x 2 mesh and on a mesh of one
+device. Sharding must not change the math, only the order of float32 reductions (the
+all-reduces of a tensor- or fsdp-sharded matmul). So the trainer runs in float32 here
+(``train.COMPUTE_DTYPE``), where that reordering is visible only at float32 rounding; the
+``*_bf16`` checks repeat scoring and the update in bfloat16, the dtype that ships, with the
+tolerance `check_score_bf16` derives.
 """
 
 from __future__ import annotations
@@ -28,33 +30,22 @@ import traceback  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-import optax  # noqa: E402
+from training_run import SHARDED_MODEL  # noqa: E402
 
 from ais_jax import model, sampler, train  # noqa: E402
 from ais_jax import sharding as shd  # noqa: E402
 from ais_jax.checkpoint import Checkpointer  # noqa: E402
-from ais_jax.config import CorrectionConfig, LossConfig, OptimConfig, RolloutConfig  # noqa: E402
-from ais_jax.model_config import ModelConfig  # noqa: E402
+from ais_jax.config import MeshConfig, OptimConfig, RolloutConfig, TrainConfig  # noqa: E402
 from ais_jax.quant import QArray  # noqa: E402
 
 train.COMPUTE_DTYPE = jnp.float32  # see the module docstring
-CONFIG = ModelConfig(
-    vocab_size=64,
-    hidden_size=64,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=16,
-    intermediate_size=128,
-    rope_theta=10_000.0,
-    tie_embeddings=False,
-)
+CONFIG = SHARDED_MODEL
 N, P, T = 16, 6, 5  # rows, prompt length, response length
 RTOL = 1e-5
 
 
 def mesh(data=1, fsdp=1, tensor=1, devices=None):
-    return shd.make_mesh(shd.MeshConfig(data=data, fsdp=fsdp, tensor=tensor), devices)
+    return shd.make_mesh(MeshConfig(data=data, fsdp=fsdp, tensor=tensor), devices)
 
 
 def host_params():
@@ -94,16 +85,21 @@ def host_batch(params):
 # a 1e-7 relative change of that gradient, so even two single-device runs with different XLA
 # fusions disagree there. A larger eps keeps the step Lipschitz in the gradient while the
 # moments still shard like the params they mirror (what this test is about).
-OPTIM = OptimConfig(minibatches=2, learning_rate=1e-3)
-OPTIMIZER = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3, eps=1e-3))
-UPDATE_KW = dict(
-    config=CONFIG,
-    optimizer=OPTIMIZER,
-    optim=OPTIM,
-    loss_cfg=LossConfig(),
-    correction=train.make_correction(CorrectionConfig()),
-    temperature=1.0,
-)
+OPTIM = OptimConfig(minibatches=2, learning_rate=1e-3, eps=1e-3)
+OPTIMIZER = train.make_optimizer(OPTIM, 1)
+BF16 = RolloutConfig(format="bf16", max_new_tokens=6)
+FP8 = RolloutConfig(format="float8_e4m3fn", fp8_lm_head=True, max_new_tokens=6)
+
+
+def one_device():
+    return mesh(devices=jax.devices()[:1])
+
+
+def phases(m, rollout=BF16, dtype=None) -> train.Phases:
+    """The production phases (`train.make_phases`) of a one-step run with `OPTIM` on mesh
+    ``m``; the compute dtype is ``train.COMPUTE_DTYPE`` (float32 here) unless ``dtype``."""
+    cfg = TrainConfig(steps=1, optim=OPTIM, rollout=rollout)
+    return train.make_phases(m, cfg, CONFIG, eos_ids=(3,), compute_dtype=dtype)
 
 
 def assert_trees_close(actual, expected, what=""):
@@ -127,7 +123,7 @@ def assert_trees_close(actual, expected, what=""):
 def check_layouts(ctx):
     """Each device holds the shard the table says: q_proj [L, H*E, D] over (tensor, fsdp)."""
     m = mesh(data=2, fsdp=2, tensor=2)
-    state = shd.sharded_init(m, ctx["params"], OPTIMIZER)
+    state = phases(m).init(ctx["params"])
     assert_trees_close(state, train.init_state(ctx["params"], OPTIMIZER))
     q = state.params["layers"]["q_proj"]
     assert q.sharding.spec == jax.P(None, "tensor", "fsdp"), q.sharding
@@ -146,22 +142,27 @@ def check_layouts(ctx):
         assert "batch size 6 is not divisible by mesh data x fsdp = 4" in str(e), e
 
 
+def _update_both(ctx, dtype=None):
+    """One update (2 minibatches) from the same state and key on one device and on a 2x2x2
+    mesh: ``(state before, (state, metrics) on one device, (state, metrics) sharded, step)``."""
+    key, one, m = jax.random.key(1), one_device(), mesh(data=2, fsdp=2, tensor=2)
+    before = jax.device_get(phases(one).init(ctx["params"]))
+    ref = phases(one, dtype=dtype).update(
+        phases(one).init(ctx["params"]), shd.shard_batch(ctx["batch"], one), key
+    )
+    step = phases(m, dtype=dtype).update
+    out = step(phases(m).init(ctx["params"]), shd.shard_batch(ctx["batch"], m), key)
+    return before, jax.device_get(ref), out, step
+
+
 def check_train_step(ctx):
-    """One `train.update` (2 minibatches) on a 2x2x2 mesh equals the 1-device step."""
-    state = train.init_state(ctx["params"], OPTIMIZER)
-    key = jax.random.key(1)
-    ref, ref_metrics = train.update(
-        jax.tree.map(jnp.copy, state), ctx["batch"], key, **UPDATE_KW
-    )  # update donates its state: pass a copy
-    m = mesh(data=2, fsdp=2, tensor=2)
-    sharded = shd.shard_state(state, m)
-    step = shd.sharded_update(m, sharded, **UPDATE_KW)
-    out, metrics = step(sharded, shd.shard_batch(ctx["batch"], m), key)
+    """One update (2 minibatches) on a 2x2x2 mesh equals the 1-device step."""
+    before, (ref, ref_metrics), (out, metrics), step = _update_both(ctx)
     # params: the update agrees to RTOL of its scale, up to the rounding of adding it (2 ulp)
     for (path, e), a, old in zip(
         jax.tree_util.tree_leaves_with_path(ref.params),
         jax.tree.leaves(out.params),
-        jax.tree.leaves(ctx["params"]),
+        jax.tree.leaves(before.params),
         strict=True,
     ):
         e, a = np.asarray(e), np.asarray(a)
@@ -178,7 +179,8 @@ def check_train_step(ctx):
     assert_trees_close(metrics, ref_metrics, what="metrics")
     assert int(out.step) == 1 and metrics["loss/total"].sharding.is_fully_replicated
     assert out.params["layers"]["up_proj"].sharding.spec == jax.P(None, "tensor", "fsdp")
-    ctx["step"], ctx["state_after"], ctx["mesh_222"] = step, out, m
+    ctx["step"], ctx["state_after"], ctx["mesh_222"] = step, out, mesh(data=2, fsdp=2, tensor=2)
+    ctx["update_f32"] = (ref, ref_metrics)
 
 
 def check_no_recompile(ctx):
@@ -204,17 +206,83 @@ def check_no_recompile(ctx):
         assert step._cache_size() == 1, step._cache_size()
 
 
+def _score_both(ctx, dtype=None):
+    """``score`` of the batch's tokens on one device and on a 2x2x2 mesh."""
+    b, out = ctx["batch"], []
+    for m in (one_device(), mesh(data=2, fsdp=2, tensor=2)):
+        rows = shd.shard_batch((b.prompt_tokens, b.prompt_mask, b.tokens, b.mask), m)
+        params = phases(m).init(ctx["params"]).params
+        out.append(jax.device_get(phases(m, dtype=dtype).score(params, *rows, np.float32(1.0))))
+    return out
+
+
 def check_score(ctx):
-    m = mesh(data=2, fsdp=2, tensor=2)
-    b = ctx["batch"]
-    args = (b.prompt_tokens, b.prompt_mask, b.tokens, b.mask)
-    ref = train.score(ctx["params"], CONFIG, *args, 1.0)
-    score = shd.sharded_score(m, ctx["params"], CONFIG)
-    out = score(shd.shard_state(ctx["params"], m), *shd.shard_batch(args, m), 1.0)
+    ref, out = _score_both(ctx)
     assert_trees_close(out, ref, what="logp, entropy")
+    ctx["score_f32"] = ref
 
 
-def _generate_both(params_1, params_m, m, **kw):
+def check_score_bf16(ctx):
+    """Scoring in bfloat16, the dtype that ships, on a 2x2x2 mesh equals the 1-device bf16
+    score up to twice the error bf16 rounding itself makes in this computation.
+
+    The tolerance, derived: bf16 keeps 8 significant bits, so rounding an intermediate x
+    changes it by at most u |x|, u = 2^-8 (half an ulp). Both runs round the same
+    intermediates; sharding only reorders the float32 sums before each rounding (a change of
+    about n * 2^-24 relative for the n <= 128 terms of a contraction). Where that moves the sum
+    across a rounding boundary, the sharded run rounds to the neighbouring bf16 value: a change
+    of one ulp, at most 2u |x|, i.e. twice a rounding error, at a subset of the rounding points.
+    So the sharded run differs from the unsharded one by at most twice what rounding every
+    intermediate to bf16 does to the result, which we measure rather than bound (a worst-case
+    sum of u |x dy/dx| over every rounding point is orders of magnitude looser):
+    ``E = max |score_bf16 - score_f32|`` on one device, and the test asks
+    ``max |sharded - unsharded| <= 2 E``. It also checks the comparison is not vacuous: E > 0
+    (bf16 does round here) and the sharded run carries that rounding too (it is at least E / 2
+    from float32: it did run in bf16). A sharding bug moves log-probs by O(1).
+    """
+    ref, out = _score_both(ctx, jnp.bfloat16)
+    f32 = ctx["score_f32"]
+    valid = ctx["batch"].mask.astype(bool)
+    for name, a, e, x in zip(("logp", "entropy"), out, ref, f32, strict=True):
+        a, e, x = (np.asarray(v, np.float64)[valid] for v in (a, e, x))
+        rounding = np.abs(e - x).max()
+        sharding = np.abs(a - e).max()
+        print(f"bf16 {name}: sharded vs 1 device {sharding:.3g}, bf16 vs f32 {rounding:.3g}")
+        assert rounding > 0 and np.abs(a - x).max() >= rounding / 2, (name, rounding)
+        assert sharding <= 2 * rounding, f"{name}: {sharding:.3g} > 2 x {rounding:.3g}"
+
+
+def check_train_step_bf16(ctx):
+    """One bfloat16 update (2 minibatches) on a 2x2x2 mesh equals the 1-device bf16 update up
+    to twice the error bf16 rounding makes in it (the argument of `check_score_bf16`): for
+    every parameter tensor and the loss and gradient norm, ``|sharded - unsharded| <= 2 E +
+    2 ulp`` with ``E = max |bf16 - float32|`` of that tensor on one device (2 ulp: the float32
+    rounding of adding the step). The correction's statistics are float32 functions of the
+    batch's float32 log-probs, so they agree to float32 rounding as in `check_train_step`."""
+    before, (ref, ref_metrics), (out, metrics), _ = _update_both(ctx, jnp.bfloat16)
+    ref32, ref32_metrics = ctx["update_f32"]
+    for (path, e), a, x, old in zip(
+        jax.tree_util.tree_leaves_with_path(ref.params),
+        jax.tree.leaves(out.params),
+        jax.tree.leaves(ref32.params),
+        jax.tree.leaves(before.params),
+        strict=True,
+    ):
+        e, a, x = np.asarray(e), np.asarray(a), np.asarray(x)
+        rounding = float(np.abs(e - x).max())
+        assert float(np.abs(e - old).max()) > 0, path  # the step moved every tensor
+        np.testing.assert_allclose(
+            a, e, rtol=2 * np.finfo(np.float32).eps, atol=2 * rounding, err_msg=str(path)
+        )
+    for key in ("loss/total", "train/grad_norm"):
+        rounding = abs(ref_metrics[key] - ref32_metrics[key])
+        assert rounding > 0 and abs(float(metrics[key]) - ref_metrics[key]) <= 2 * rounding, key
+    for key in ("ais/alpha", "ais/mismatch", "is/weight_max", "mismatch/ratio_max"):
+        np.testing.assert_allclose(float(metrics[key]), ref_metrics[key], rtol=RTOL, err_msg=key)
+
+
+def _generate_both(params_1, params_m, m, rollout=BF16):
+    """The same draws on one device (`sampler.generate`) and the generate phase on ``m``."""
     prompts, prompt_mask = sampler.pad_prompts([[5, 6, 7], [8], [9, 10], [11, 12, 13, 14]] * 2)
     key = jax.random.key(7)
     ref = sampler.generate(
@@ -226,17 +294,10 @@ def _generate_both(params_1, params_m, m, **kw):
         max_new_tokens=6,
         temperature=1.0,
         eos_ids=(3,),
-        **kw,
     )
-    gen = shd.sharded_generate(m, params_m, CONFIG, max_new_tokens=6, eos_ids=(3,))
-    out = gen(
-        params_m,
-        *shd.shard_batch((prompts, prompt_mask), m),
-        key,
-        1.0,
-        kw.get("top_k", CONFIG.vocab_size),
-        1.0,
-    )
+    gen = phases(m, rollout).generate
+    rows = shd.shard_batch((prompts, prompt_mask), m)
+    out = gen(params_m, *rows, key, np.float32(1.0), CONFIG.vocab_size, np.float32(1.0))
     return ref, out
 
 
@@ -255,12 +316,9 @@ def check_fp8(ctx):
     """FP8 on 8 devices == FP8 on 1: the sync quantizes sharded weights with the *global*
     per-tensor amax (bit-identical codes and scales), and the W8A8 forward (batch-sharded
     activation amax) gives the 1-device logits."""
-    rollout = RolloutConfig(format="float8_e4m3fn", fp8_lm_head=True)
-    ref_q = train.sync_rollout_params(ctx["params"], rollout)
-    m = mesh(data=2, fsdp=2, tensor=2)
-    params_m = shd.shard_state(ctx["params"], m)
-    sync = shd.sharded_sync(m, params_m, rollout)
-    q = sync(params_m)
+    one, m = one_device(), mesh(data=2, fsdp=2, tensor=2)
+    ref_q = phases(one, FP8).sync(phases(one).init(ctx["params"]).params)
+    q = phases(m, FP8).sync(phases(m).init(ctx["params"]).params)
     leaves, ref_leaves = jax.tree.leaves(q), jax.tree.leaves(ref_q)
     for a, e in zip(leaves, ref_leaves, strict=True):
         assert a.dtype == e.dtype
@@ -275,7 +333,7 @@ def check_fp8(ctx):
     tokens = np.concatenate([b.prompt_tokens, b.tokens], axis=1)
     mask = np.concatenate([b.prompt_mask, b.mask], axis=1)
     fwd = jax.jit(lambda p, t, mk: model.forward(p, CONFIG, t, mk))
-    ref = fwd(ref_q, tokens, mask)
+    ref = fwd(jax.device_get(ref_q), tokens, mask)
     fwd_m = jax.jit(
         lambda p, t, mk: model.forward(p, CONFIG, t, mk),
         in_shardings=(
@@ -288,13 +346,13 @@ def check_fp8(ctx):
     out = fwd_m(q, *shd.shard_batch((tokens, mask), m))
     valid = mask.astype(bool)
     assert_trees_close(np.asarray(out)[valid], np.asarray(ref)[valid], what="fp8 logits")
-    ctx["fp8"] = (ref_q, q, m)
+    ctx["fp8"] = (jax.device_get(ref_q), q, m)
 
 
 def check_fp8_generate(ctx):
     """FP8 rollout on 8 devices samples the same tokens as on 1."""
     ref_q, q, m = ctx["fp8"]
-    ref, out = _generate_both(ref_q, q, m)
+    ref, out = _generate_both(ref_q, q, m, FP8)
     np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
     assert_trees_close(out.logp_plain, ref.logp_plain)
 
@@ -378,6 +436,8 @@ CHECKS = [
     check_train_step,
     check_no_recompile,
     check_score,
+    check_score_bf16,
+    check_train_step_bf16,
     check_generate,
     check_fp8,
     check_fp8_generate,

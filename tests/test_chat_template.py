@@ -14,13 +14,16 @@ import json
 import os
 import shutil
 import unicodedata
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 import transformers
 
+from ais_jax import data
 from ais_jax.hf import CheckpointError, HFTokenizer
 from ais_jax.tasks import load_gsm8k, load_math, render_chat_template
+
 
 def _find_fixture() -> Path:
     """$AIS_JAX_QWEN3_TOKENIZER, else ``shared/fixtures/qwen3-tokenizer`` next to the nearest
@@ -248,6 +251,14 @@ def test_task_prompts_render_like_transformers(both, tmp_path):
             "<|im_start|>assistant\n"
             + ("<think>\n\n</think>\n\n" if task.chat.enable_thinking is False else "")
         )
+        # what the trainer feeds the policy: those ids, left-padded
+        want = theirs.apply_chat_template(list(ex.messages), tokenize=True, **kwargs)
+        want = list(want["input_ids"]) if isinstance(want, Mapping) else list(want)
+        prompts, mask = data.encode_prompts(ours, [ex], len(want) + 3, task.chat.template_kwargs)
+        assert prompts[0, 3:].tolist() == want and mask[0].tolist() == [False] * 3 + [True] * len(
+            want
+        )
+        assert (prompts[0, :3] == ours.pad_id).all()
 
 
 def test_eos_and_pad_ids(qwen3, both, tmp_path):

@@ -8,6 +8,7 @@ a one-line error naming what is wrong, never a traceback.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import logging
@@ -27,8 +28,6 @@ from ais_jax.cli import main
 from ais_jax.config import TrainConfig, dump_config, from_dict, load_config
 from ais_jax.hf import load_hf
 from ais_jax.runner import Run
-
-jax.config.update("jax_numpy_rank_promotion", "raise")
 
 # The same one-layer run as tests/test_train.py's default arm, so one process compiles it once.
 TINY = TINY_RUN
@@ -268,7 +267,38 @@ def test_resume_without_config_continues_the_runs_own_config(trained, tmp_path, 
     assert code == 0, capsys.readouterr().err
     rows = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
-    assert load_config(run_dir / "config.yaml").model.num_layers == 1
+    resumed = load_config(run_dir / "config.yaml")  # the run's config, with the new length
+    assert resumed.model.num_layers == 1 and resumed.steps == 5
+
+
+def test_resume_under_another_config_is_refused_naming_the_settings(
+    trained, config_file, tmp_path, capsys
+):
+    """`train --config X --resume` where X is another experiment than the run's config.yaml
+    (here: another learning rate and seed) is one error line naming both settings and their
+    values; nothing in the run directory changes."""
+    import shutil
+
+    run_dir = tmp_path / "copy"
+    shutil.copytree(trained["out"], run_dir)
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    other = tmp_path / "other.yaml"
+    cfg = from_dict(TrainConfig, TINY)
+    other.write_text(
+        dump_config(
+            dataclasses.replace(
+                cfg, seed=7, optim=dataclasses.replace(cfg.optim, learning_rate=0.5)
+            )
+        )
+    )
+    capsys.readouterr()
+    argv = ["train", "--config", str(other), "--out", str(run_dir), "--resume", "--no-progress"]
+    assert main(argv) == 2
+    line = error_line(capsys)
+    assert f"optim.learning_rate: 0.001 in {run_dir / 'config.yaml'}, 0.5 given" in line
+    assert "seed: 0 in" in line and "may change only steps" in line
+    after = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and p.name != ".lock"}
+    assert after == {p: b for p, b in before.items() if p.name != ".lock"}
 
 
 def test_plot_smoothing_is_a_trailing_mean():

@@ -23,7 +23,7 @@ from training_run import TINY_RUN
 
 from ais_jax import compare, stats
 from ais_jax.cli import build_parser, main
-from ais_jax.config import TrainConfig, dump_config, from_dict
+from ais_jax.config import CorrectionConfig, TrainConfig, dump_config, from_dict
 
 T_975_4 = 2.7764451051977987  # Student t, 97.5% quantile, 4 degrees of freedom (tables)
 
@@ -50,6 +50,21 @@ def test_parse_arm(name, fmt, method):
     cfg = arm.config(TrainConfig(), seed=7)
     assert (cfg.rollout.format, cfg.correction.method, cfg.seed) == (fmt, method, 7)
     assert "+" not in arm.dirname and "/" not in arm.dirname
+
+
+def test_the_base_level_goes_to_the_arms_that_weight_by_one():
+    """A base config with ``correction.level: sequence`` (method tis) gives the tis and mis arms
+    that level; the arms without one (none, ais) keep the default, which their config requires."""
+    base = TrainConfig(correction=CorrectionConfig(method="tis", level="sequence"))
+    levels = {a.name: a.config(base, 0).correction.level for a in compare.parse_arms(None)}
+    assert levels == {
+        "bf16": "token",
+        "fp8": "token",
+        "fp4": "token",
+        "fp4+tis": "sequence",
+        "fp4+ais": "token",
+        "fp4+mis": "sequence",
+    }
 
 
 def test_default_arms():

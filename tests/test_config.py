@@ -11,11 +11,15 @@ import pytest
 from ais_jax.cli import default_config_path
 from ais_jax.config import (
     CORRECTIONS,
+    RESUMABLE,
     ROLLOUT_FORMATS,
     CorrectionConfig,
+    LossConfig,
     RolloutConfig,
     TrainConfig,
     apply_overrides,
+    changed_settings,
+    check_resume,
     dump_config,
     from_dict,
     load_config,
@@ -145,6 +149,10 @@ def test_yaml_top_level_not_a_mapping(tmp_path):
             ["rollout.act_scaling='channel'", "['tensor', 'token']"],
         ),
         ({"optim": {"schedule": "linear"}}, ["optim.schedule='linear'", "['constant', 'cosine']"]),
+        (
+            {"rollout": {"decode_layout": "fast"}},
+            ["rollout.decode_layout='fast'", "['auto', 'in_out_f32_values', 'out_in']"],
+        ),
     ],
 )
 def test_wrong_type_names_the_key_and_the_type(data, fragments):
@@ -201,17 +209,74 @@ def test_out_of_range_value_names_key_value_and_range(section, key, value, allow
     [
         ({"steps": -1}, ["steps=-1", ">= 0"]),
         ({"checkpoint_every": 0}, ["checkpoint_every=0", ">= 1"]),
-        ({"correction": {"low": 1.5}}, ["correction.low/high", "0 < low <= 1 <= high"]),
-        ({"correction": {"high": 0.5}}, ["correction.low/high", "0 < low <= 1 <= high"]),
+        ({"correction": {"low": 1.5}}, ["correction.low=1.5", "(0, 1]"]),
+        ({"correction": {"low": 0.0}}, ["correction.low=0.0", "(0, 1]"]),
+        ({"correction": {"high": 0.5}}, ["correction.high=0.5", ">= 1"]),
         ({"correction": {"level": "tokens"}}, ["correction.level='tokens'", "'sequence'"]),
-        ({"loss": {"clip_low": 0.0}}, ["loss.clip_low/clip_high", "> 0"]),
-        ({"loss": {"clip_low": 1.0}}, ["loss.clip_low/clip_high", "clip_low < 1"]),
+        ({"loss": {"clip_low": -0.1}}, ["loss.clip_low=-0.1", "[0, 1)"]),
+        ({"loss": {"clip_low": 1.0}}, ["loss.clip_low=1.0", "[0, 1)"]),
+        ({"loss": {"clip_high": -0.2}}, ["loss.clip_high=-0.2", ">= 0"]),
         ({"loss": {"aggregation": "mean"}}, ["loss.aggregation='mean'", "'token_mean'"]),
         ({"optim": {"b1": 1.0}}, ["optim.b1/b2", "[0, 1)"]),
+        ({"optim": {"eps": 0.0}}, ["optim.eps=0.0", "> 0"]),
     ],
 )
 def test_other_range_errors(data, fragments):
     check_error(data, *fragments)
+
+
+def test_correction_and_loss_accept_exactly_what_their_factories_accept():
+    """One rule per setting, in the module that uses it: a section is valid iff the factory it
+    configures (`ais.adaptive`, `ais.masked`, `grpo.make_loss`) accepts it -- e.g. clip_low = 0
+    (no lower clip), which grpo.make_loss allows."""
+    from ais_jax import ais, grpo
+
+    assert LossConfig(clip_low=0.0).clip_low == 0.0
+    grpo.make_loss(clip_low=0.0)
+    for key, value in [("clip", 0.99), ("delta", 0.0), ("gamma", -1.0), ("beta_var", -0.1)]:
+        with pytest.raises(ValueError) as theirs:
+            ais.adaptive(**{key: value})
+        with pytest.raises(ValueError) as ours:
+            CorrectionConfig(**{key: value})
+        assert str(ours.value) == f"correction.{theirs.value}"
+    with pytest.raises(ValueError) as theirs:
+        grpo.make_loss(clip_high=-1.0)
+    with pytest.raises(ValueError) as ours:
+        LossConfig(clip_high=-1.0)
+    assert str(ours.value) == f"loss.{theirs.value}"
+
+
+def test_config_does_not_redefine_the_library_constants():
+    """LEVELS and AGGREGATIONS live in ais.py and grpo.py only."""
+    import ast
+    import pathlib
+
+    from ais_jax import config
+
+    tree = ast.parse(pathlib.Path(config.__file__).read_text())
+    assigned = {
+        t.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign)
+        for t in node.targets
+        if isinstance(t, ast.Name)
+    }
+    assert not assigned & {"LEVELS", "AGGREGATIONS"}, assigned
+
+
+@pytest.mark.parametrize("method", ["none", "ais"])
+@pytest.mark.parametrize("level", ["sequence", "geometric"])
+def test_a_level_with_a_method_that_has_none_is_an_error(method, level):
+    """Only tis and mis weight by a level; with none or ais it would be silently ignored."""
+    message = check_error(
+        {"correction": {"method": method, "level": level}},
+        f"correction.level={level!r}",
+        "['tis', 'mis']",
+        repr(method),
+    )
+    assert "token" in message
+    for weighted in ("tis", "mis"):
+        assert CorrectionConfig(method=weighted, level=level).level == level
 
 
 def test_unknown_rollout_format_lists_the_allowed_formats():
@@ -247,7 +312,7 @@ def test_every_allowed_choice_is_accepted():
     for method in CORRECTIONS:
         assert CorrectionConfig(method=method).method == method
     for level in ("token", "sequence", "geometric"):
-        assert CorrectionConfig(level=level).level == level
+        assert CorrectionConfig(method="tis", level=level).level == level
     assert RolloutConfig(top_p=1.0, top_k=1).top_p == 1.0
     assert CorrectionConfig(clip=1.0).clip == 1.0
 
@@ -334,3 +399,60 @@ def test_invalid_yaml_names_the_file(tmp_path):
 def test_empty_yaml_and_empty_sections_give_defaults(tmp_path):
     assert load_yaml(tmp_path, "") == TrainConfig()
     assert load_yaml(tmp_path, "rollout:\ncorrection: {}\n") == TrainConfig()
+
+
+# ---- resuming under another configuration ------------------------------------------------------
+
+
+def test_changed_settings_names_every_differing_leaf():
+    old = TrainConfig()
+    new = load_config(None, ["steps=80", "optim.learning_rate=3e-5", "task.options={ops: ['+']}"])
+    assert changed_settings(old.to_dict(), new.to_dict()) == {
+        "optim.learning_rate": (1e-4, 3e-5),
+        "steps": (40, 80),
+        "task.options": ({}, "(absent)"),
+        "task.options.ops": ("(absent)", ["+"]),
+    }
+    assert changed_settings(old.to_dict(), old.to_dict()) == {}
+
+
+def test_resume_may_change_only_when_to_stop_log_and_where_to_run():
+    old = TrainConfig()
+    allowed = load_config(
+        None,
+        ["steps=80", "checkpoint_every=5", "eval_every=10", "mesh.fsdp=2", "mesh.data=-1"]
+        + ["distributed.enabled=true", "distributed.coordinator_address='h:1'"],
+    )
+    changes = check_resume(old, allowed, "run/config.yaml")
+    assert set(changes) == {
+        "steps",
+        "checkpoint_every",
+        "eval_every",
+        "mesh.fsdp",
+        "distributed.enabled",
+        "distributed.coordinator_address",
+    }
+    assert RESUMABLE == ("steps", "checkpoint_every", "eval_every", "mesh.*", "distributed.*")
+    assert check_resume(old, old, "x") == {}
+
+
+@pytest.mark.parametrize(
+    "sets, named",
+    [
+        (
+            ["optim.learning_rate=3e-5"],
+            ["optim.learning_rate: 0.0001 in run/config.yaml, 3e-05 given"],
+        ),
+        (["seed=1", "steps=80"], ["seed: 0 in run/config.yaml, 1 given"]),
+        (["correction.method=tis", "rollout.format=bf16"], ["correction.method", "rollout.format"]),
+        (["task.options={max_digits: 2}"], ["task.options"]),
+    ],
+)
+def test_resume_under_another_experiment_is_an_error_naming_the_settings(sets, named):
+    with pytest.raises(ValueError) as err:
+        check_resume(TrainConfig(), load_config(None, sets), "run/config.yaml")
+    message = str(err.value)
+    assert "run/config.yaml" in message and "steps, checkpoint_every, eval_every" in message
+    for fragment in named:
+        assert fragment in message, message
+    assert "steps:" not in message  # an allowed change is not an error

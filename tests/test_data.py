@@ -7,6 +7,7 @@ import pathlib
 import random
 
 import grain
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -236,3 +237,48 @@ def test_a_task_with_too_few_prompts_for_a_held_out_split_is_an_error():
     )
     with pytest.raises(ValueError, match="too few distinct prompts"):
         data.example_dataset(one_prompt_sampler, seed=0, split=side, num_examples=1)[0]
+
+
+# ---- between examples and arrays ----------------------------------------------------------------
+
+
+def test_prompts_are_left_padded_and_responses_right_padded_with_eos():
+    from ais_jax.tasks import CharTokenizer
+
+    tok = CharTokenizer()
+    prompts, prompt_mask = data.encode_prompts(tok, ["1+2=", "10+20="], 8)
+    bos = [tok.bos_id] if getattr(tok, "bos_id", None) is not None else []
+    for row, text in enumerate(["1+2=", "10+20="]):
+        ids = bos + tok.encode(text)
+        assert prompts[row, 8 - len(ids) :].tolist() == ids
+        assert prompt_mask[row].tolist() == [False] * (8 - len(ids)) + [True] * len(ids)
+        assert (prompts[row, : 8 - len(ids)] == tok.pad_id).all()
+    tokens, mask = data.encode_responses(tok, ["3", "30"], 4)
+    assert tokens[1, :3].tolist() == tok.encode("30") + [tok.eos_id]
+    assert mask.sum(axis=1).tolist() == [2, 3] and (tokens[0, 2:] == tok.pad_id).all()
+    # decoding the first `length` tokens of each row gives the text back (EOS excluded)
+    assert data.decode_responses(tok, tokens, mask.sum(axis=1) - 1) == ["3", "30"]
+    # a tokenizer without a chat template prompts an example with its plain text
+    chat = Example(
+        prompt="1+2=",
+        answer="3",
+        demonstration="3",
+        messages=({"role": "user", "content": "1+2="},),
+    )
+    np.testing.assert_array_equal(data.encode_prompts(tok, [chat, "10+20="], 8)[0], prompts)
+
+
+def test_texts_that_do_not_fit_name_the_setting_to_raise():
+    from ais_jax.tasks import CharTokenizer
+
+    tok = CharTokenizer()
+    with pytest.raises(ValueError, match="more than rollout.max_prompt_len=3"):
+        data.encode_prompts(tok, ["1+2="], 3)
+    with pytest.raises(ValueError, match=r"\(with EOS\), more than rollout.max_new_tokens=2"):
+        data.encode_responses(tok, ["30"], 2)
+
+
+def test_every_process_needs_an_equal_share_of_each_batch():
+    data.check_per_host({"rollout.prompts_per_step": 16, "sft.batch_size": 64}, 4)
+    with pytest.raises(ValueError, match=r"sft.batch_size=6 is not divisible by .* \(4\)"):
+        data.check_per_host({"rollout.prompts_per_step": 16, "sft.batch_size": 6}, 4)

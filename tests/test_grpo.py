@@ -1,5 +1,7 @@
 """Specification of ais_jax.grpo: advantages, aggregation, clipping, gradients, jit/vmap."""
 
+import doctest
+
 import hypothesis
 import jax
 import jax.numpy as jnp
@@ -8,8 +10,6 @@ import pytest
 from hypothesis import strategies as st
 
 from ais_jax import ais, grpo
-
-jax.config.update("jax_numpy_rank_promotion", "raise")
 
 B, T = 4, 5
 SETTINGS = hypothesis.settings(max_examples=30, deadline=None, derandomize=True)
@@ -190,8 +190,13 @@ def test_no_gradient_through_correction_to_logp_old_or_rollout():
     np.testing.assert_array_equal(np.asarray(jax.grad(with_constant_advantages)(logp)), 0.0)
     value = with_correction(logp, logp_rollout)
     _, m = grpo.loss(logp_new, logp, adv, mask, correction=correction, logp_rollout_BT=logp_rollout)
-    assert float(value) == float(grpo.loss(logp_new, logp, corrected, mask)[0])
-    assert "ais/alpha" in m and "loss/total" in m and "mismatch/k3" in m
+    plain_value, m_plain = grpo.loss(logp_new, logp, corrected, mask)
+    assert float(value) == float(plain_value)
+    # the loss's metrics are the correction's plus its own, unchanged
+    _, m_correction = correction(adv, logp, logp_rollout, mask)
+    assert set(m) == set(m_correction) | set(m_plain)
+    for key, expected in {**m_correction, **m_plain}.items():
+        assert float(m[key]) == float(expected), key
 
 
 # --------------------------------------------------------------------------- transformations
@@ -239,6 +244,19 @@ def test_bad_hyperparameters_raise_naming_the_value(kwargs, named):
     logp, adv, mask = make_batch(0)
     with pytest.raises(ValueError, match=named.replace(".", r"\.").replace(r"\.*", ".*")):
         grpo.loss(logp, logp, adv, mask, **kwargs)
+
+
+def test_boundary_hyperparameters_are_accepted():
+    """The edges of each allowed range are valid: clip_low = 0 (no lower clip), clip_high = 0,
+    kl_coef = 0."""
+    logp, adv, mask = make_batch(0)
+    value, _ = grpo.make_loss(clip_low=0.0, clip_high=0.0, kl_coef=0.0)(logp, logp, adv, mask)
+    assert np.isfinite(float(value))
+
+
+def test_docstring_examples():
+    results = doctest.testmod(grpo)
+    assert results.attempted >= 2 and results.failed == 0
 
 
 def test_missing_inputs_raise():

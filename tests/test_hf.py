@@ -62,13 +62,6 @@ TWO_CASES = pytest.mark.parametrize("case", ["qwen3-untied-gqa2-hd16", "qwen2-ti
 _forward = jax.jit(forward, static_argnums=1)
 
 
-@pytest.fixture(autouse=True)
-def _strict_rank_promotion():
-    """`jax_numpy_rank_promotion="raise"`, scoped to this module's tests."""
-    with jax.numpy_rank_promotion("raise"):
-        yield
-
-
 @pytest.fixture
 def ckpt(hf_checkpoint, case):
     arch, shape = CASES[case]

@@ -18,34 +18,18 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from training_run import MODEL
 
 from ais_jax.model import forward, forward_cached, init_cache, param_shapes
 from ais_jax.model_config import PRESETS, ModelConfig
 
-QWEN3 = ModelConfig(
-    vocab_size=96,
-    hidden_size=32,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=16,
-    intermediate_size=64,
-    rope_theta=10_000.0,
-    tie_embeddings=False,
-)
+QWEN3 = dataclasses.replace(MODEL, vocab_size=96, tie_embeddings=False)  # = conftest.TINY
 QWEN2 = dataclasses.replace(
     QWEN3, qk_norm=False, attention_bias=True, tie_embeddings=True, num_kv_heads=1
 )
 CONFIGS = pytest.mark.parametrize("config", [QWEN3, QWEN2], ids=["qwen3", "qwen2"])
 
 _forward = jax.jit(forward, static_argnums=1)
-
-
-@pytest.fixture(autouse=True)
-def _strict_rank_promotion():
-    """`jax_numpy_rank_promotion="raise"`, scoped to this module's tests."""
-    with jax.numpy_rank_promotion("raise"):
-        yield
 
 
 @functools.partial(jax.jit, static_argnums=(0, 2))
@@ -131,11 +115,11 @@ def test_logits_are_float32_and_finite_for_bf16_params():
 def test_kv_cache_decode_matches_full_forward(config):
     """Prefill a left-padded prompt batch, then decode one token per step (row 1 finishes after
     two steps): every step's logits equal the full-sequence forward at that position."""
-    P, N, B = 7, 5, 3
+    P, T, B = 7, 5, 3
     params = random_params(config, seed=4)
     prompt, prompt_mask = left_padded(5, B, P, config.vocab_size)
-    new = jnp.asarray(np.random.default_rng(6).integers(0, config.vocab_size, (B, N)), jnp.int32)
-    new_mask = jnp.ones((B, N), bool).at[1, 2:].set(False)
+    new = jnp.asarray(np.random.default_rng(6).integers(0, config.vocab_size, (B, T)), jnp.int32)
+    new_mask = jnp.ones((B, T), bool).at[1, 2:].set(False)
     full = _forward(
         params,
         config,
@@ -144,7 +128,7 @@ def test_kv_cache_decode_matches_full_forward(config):
     )
 
     step = jax.jit(forward_cached, static_argnums=1)
-    cache = init_cache(config, B, P + N, dtype=jnp.float32)
+    cache = init_cache(config, B, P + T, dtype=jnp.float32)
     last, _ = jax.jit(forward_cached, static_argnums=1, static_argnames="last_only")(
         params, config, prompt, cache, prompt_mask, last_only=True
     )
@@ -153,11 +137,11 @@ def test_kv_cache_decode_matches_full_forward(config):
     assert last.shape == (B, 1, config.vocab_size)
     np.testing.assert_allclose(last, logits[:, -1:], rtol=1e-6, atol=1e-6)  # the prefill's
     compiled = None
-    for j in range(N):
+    for j in range(T):
         logits, cache = step(params, config, new[:, j : j + 1], cache, new_mask[:, j : j + 1])
         assert_close(logits, full[:, P + j : P + j + 1], new_mask[:, j : j + 1])
         compiled = compiled or step._cache_size()
-    assert int(cache.index) == P + N
+    assert int(cache.index) == P + T
     np.testing.assert_array_equal(cache.next_pos, prompt_mask.sum(1) + new_mask.sum(1))
     assert step._cache_size() == compiled  # decode steps after the first never retrace
 

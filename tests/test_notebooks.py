@@ -1,5 +1,6 @@
 """The tutorial notebooks are specifications too: each one runs top to bottom without a cell
-error (their cells assert the worked examples), and the committed files are stripped of
+error (their cells assert the worked examples), what they compute is then recomputed
+independently in the same kernel (`CHECKS`), and the committed files are stripped of
 outputs and are exactly what `notebooks/build.py` generates from its cell sources.
 
 The notebooks run in a fresh kernel of *this* interpreter (the test's virtual environment),
@@ -76,9 +77,60 @@ def test_notebooks_equal_build_output():
     assert not stale, f"{stale} differ from notebooks/build.py; run `python notebooks/build.py`"
 
 
+# Run after each notebook, in its kernel: the numbers the notebook shows, recomputed
+# independently (float64 NumPy, closed forms) from the notebook's own variables.
+CHECKS = {
+    "01_fp8_mismatch": r"""
+# sequence log-ratios of T i.i.d. N(-s^2/2, s^2) token log-ratios: std s*sqrt(T) (4096 draws:
+# a std's relative sampling error is ~1/sqrt(2*4096) = 1.1%; 6% allows > 5 sigma)
+np.testing.assert_allclose(seq_std, sigma * np.sqrt(lengths), rtol=0.06)
+# and the sequence ESS ratio tends to exp(-s^2 T) (lognormal weights) while token ESS stays ~1
+np.testing.assert_allclose(seq_ess[:4], np.exp(-(sigma**2) * np.array(lengths[:4])), atol=0.03)
+assert seq_ess[-1] < 0.2 and min(token_ess) > 0.99
+# the mismatch table: d = logp_train - logp_rollout over the sampled tokens, in float64
+d = (np.asarray(logp_train, np.float64) - np.asarray(rollout.logp_plain, np.float64))[mask]
+shown = ais_jax.mismatch_metrics(logp_train, rollout.logp_plain, rollout.mask)
+np.testing.assert_allclose(float(shown["mismatch/mean_abs"]), np.abs(d).mean(), rtol=1e-5)
+np.testing.assert_allclose(float(shown["mismatch/k1"]), -d.mean(), rtol=1e-4, atol=1e-7)
+r = np.exp(d)
+np.testing.assert_allclose(float(shown["mismatch/ess_ratio_raw"]),
+                           r.sum() ** 2 / (r.size * (r**2).sum()), rtol=1e-5)
+assert 0.005 < np.abs(d).mean() < 0.5, np.abs(d).mean()  # FP8 moves log-probs, a little
+np.testing.assert_array_equal(d_BT[mask], np.asarray(logp_train - rollout.logp_plain)[mask])
+""",
+    "02_ais_walkthrough": r"""
+# the mismatch sweep: the gate is d/delta below delta = 0.02 and shut at 1 above it, and
+# alpha = clip(alpha_ess - alpha_var, 0, 1) * alpha_mis on every row of every sweep
+assert np.all(np.diff(d_bar) > 0)
+for row in rows + [diagnose(s * z - s**2 / 2) for s in sigmas]:
+    want = min(row["ais/mismatch"] / 0.02, 1.0)
+    np.testing.assert_allclose(row["ais/alpha_mis"], want, rtol=1e-5)
+    inner = np.clip(row["ais/alpha_ess"] - row["ais/alpha_var"], 0, 1)
+    np.testing.assert_allclose(row["ais/alpha"], inner * want, rtol=1e-5, atol=1e-7)
+""",
+    "03_train_tiny": r"""
+# what the run wrote is what the notebook plotted and printed: one metrics row per GRPO step,
+# the held-out evaluation at step 0 and at the end, and the summary's figures taken from them
+import numpy as np
+
+assert steps == list(range(1, cfg.steps + 1)), steps
+evals = [json.loads(line) for line in (out_dir / "eval.jsonl").read_text().splitlines()]
+assert evals[0]["step"] == 0 and evals[-1]["step"] == cfg.steps
+assert summary["initial/eval/accuracy"] == evals[0]["eval/accuracy"]
+assert summary["eval/accuracy"] == evals[-1]["eval/accuracy"]
+rewards = np.array([r["reward/mean"] for r in rows])
+window = min(10, len(rows))  # run_log.SUMMARY_WINDOW
+np.testing.assert_allclose(summary["reward/last"], rewards[-window:].mean(), rtol=1e-12)
+alphas = np.array([r["ais/alpha"] for r in rows])
+assert ((0 <= rewards) & (rewards <= 1)).all() and ((0 <= alphas) & (alphas <= 1)).all()
+""",
+}
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs(path, tmp_path):
     nb = nbformat.read(path, as_version=4)
+    nb.cells.append(nbformat.v4.new_code_cell(CHECKS[path.stem]))
     nb.cells.append(nbformat.v4.new_code_cell("import sys\nprint(sys.executable)"))
     client = NotebookClient(
         nb,

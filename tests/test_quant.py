@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from training_run import MODEL
 
 from ais_jax import quant
 from ais_jax.model import cast_params, forward, init_params
@@ -34,13 +35,6 @@ _quantize_fp8 = jax.jit(quant.quantize_fp8, static_argnames=("act_scaling", "lm_
 _quantize_params = jax.jit(
     quant.quantize_params, static_argnums=1, static_argnames=("act_scaling", "lm_head")
 )
-
-
-@pytest.fixture(autouse=True)
-def _strict_rank_promotion():
-    """`jax_numpy_rank_promotion="raise"`, scoped to this module's tests."""
-    with jax.numpy_rank_promotion("raise"):
-        yield
 
 
 def ml_round(x, name: str) -> np.ndarray:
@@ -383,15 +377,7 @@ def test_token_scaling_rows_are_independent():
 
 # ---- the rollout parameter tree ------------------------------------------------------------------
 
-TREE_CONFIG = ModelConfig(
-    vocab_size=96,
-    hidden_size=32,
-    num_layers=3,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=16,
-    intermediate_size=80,
-)
+TREE_CONFIG = dataclasses.replace(MODEL, vocab_size=96, num_layers=3, intermediate_size=80)
 
 
 @pytest.mark.parametrize("tied", [True, False])

@@ -52,12 +52,12 @@ import pytest
 from training_run import TINY_RUN
 
 import ais_jax
-from ais_jax import grpo, runner
-from ais_jax.checkpoint import Checkpointer
+from ais_jax import grpo
+from ais_jax.checkpoint import Checkpointer, write_config
 from ais_jax.cli import main
 from ais_jax.config import (
     CorrectionConfig,
-    LossConfig,
+    MeshConfig,
     OptimConfig,
     RolloutConfig,
     TrainConfig,
@@ -65,25 +65,18 @@ from ais_jax.config import (
     from_dict,
     load_config,
 )
+from ais_jax.data import score_responses
 from ais_jax.hf import CheckpointError, load_hf, save_hf
 from ais_jax.model import init_params
 from ais_jax.model_config import ModelConfig
-from ais_jax.paths import safe_path
+from ais_jax.paths import safe_path, write_json
 from ais_jax.quant import QArray, linear
-from ais_jax.runner import Run, score_responses
+from ais_jax.run_log import append_jsonl
+from ais_jax.runner import Run
+from ais_jax.sharding import make_mesh
 from ais_jax.tasks import Arithmetic, Example, RewardError, make_task
 from ais_jax.tasks import catalog as task_catalog
-from ais_jax.train import (
-    Batch,
-    init_state,
-    make_correction,
-    make_optimizer,
-    score,
-    sync_rollout_params,
-    update,
-)
-
-jax.config.update("jax_numpy_rank_promotion", "raise")
+from ais_jax.train import Batch, make_phases, score, sync_rollout_params
 
 WORKER = Path(__file__).with_name("reliability_worker.py")
 MODEL = {
@@ -120,7 +113,7 @@ def config_from(base: dict, **sections) -> TrainConfig:
     return from_dict(TrainConfig, data)
 
 
-def write_config(path: Path, cfg: TrainConfig) -> Path:
+def yaml_file(path: Path, cfg: TrainConfig) -> Path:
     path.write_text(dump_config(cfg))
     return path
 
@@ -206,7 +199,7 @@ def test_sigkill_at_random_phases_then_resume_is_bitwise_the_uninterrupted_run(
     """Three SIGKILLs (rollout, update, checkpoint write), each followed by ``--resume`` from the
     newest committed checkpoint, end with the metrics and train state of an uninterrupted run."""
     cfg = from_dict(TrainConfig, CRASH)
-    config_file = write_config(tmp_path / "config.yaml", cfg)
+    config_file = yaml_file(tmp_path / "config.yaml", cfg)
     saves = list(range(cfg.checkpoint_every, cfg.steps + 1, cfg.checkpoint_every))
 
     reference = tmp_path / "reference"
@@ -262,7 +255,7 @@ def test_resume_with_another_model_shape_names_the_difference(tmp_path, capsys):
     cfg = config_from(QUICK)
     out = tmp_path / "run"
     Run(cfg, out).save()  # step 0, as a fresh run leaves it before its first RL step
-    other = write_config(
+    other = yaml_file(
         tmp_path / "other.yaml", config_from(QUICK, model={"hidden_size": 64, "head_dim": 32})
     )
     line = cli_error(
@@ -273,7 +266,7 @@ def test_resume_with_another_model_shape_names_the_difference(tmp_path, capsys):
         "config.yaml",
     )
     assert "corrupt" not in line
-    kl = write_config(tmp_path / "kl.yaml", config_from(QUICK, loss={"kl_coef": 0.1}))
+    kl = yaml_file(tmp_path / "kl.yaml", config_from(QUICK, loss={"kl_coef": 0.1}))
     cli_error(
         capsys,
         ["train", "--config", str(kl), "--out", str(out), "--resume", "--no-progress"],
@@ -283,7 +276,7 @@ def test_resume_with_another_model_shape_names_the_difference(tmp_path, capsys):
 
 def test_eval_of_a_run_without_checkpoints(tmp_path, capsys):
     out = tmp_path / "run"
-    runner.write_config(config_from(QUICK), out)
+    write_config(config_from(QUICK), out)
     (out / "checkpoints").mkdir()
     cli_error(capsys, ["eval", "--run", str(out)], "No checkpoint to resume from in", str(out))
 
@@ -303,7 +296,7 @@ def write_jsonl(path: Path, lines: list[str | bytes]) -> Path:
 
 @pytest.fixture
 def quick_config(tmp_path) -> Path:
-    return write_config(tmp_path / "quick.yaml", config_from(QUICK))
+    return yaml_file(tmp_path / "quick.yaml", config_from(QUICK))
 
 
 def train_argv(config_file: Path, out: Path, *sets: str) -> list[str]:
@@ -631,15 +624,10 @@ OPTIM = OptimConfig(learning_rate=1e-3, weight_decay=0.01)
 
 
 @functools.cache
-def _statics():
-    return dict(
-        config=TINY_LM,
-        optimizer=make_optimizer(OPTIM, 4),
-        optim=OPTIM,
-        loss_cfg=LossConfig(),
-        correction=make_correction(CorrectionConfig(method="ais")),
-        temperature=1.0,
-    )
+def _phases():
+    """The production phases of a 4-step run with `OPTIM` and AIS, on this process's device."""
+    cfg = TrainConfig(steps=4, optim=OPTIM, correction=CorrectionConfig(method="ais"))
+    return make_phases(make_mesh(MeshConfig()), cfg, TINY_LM)
 
 
 @pytest.fixture(scope="module")
@@ -670,9 +658,9 @@ def batch_and_params():
 def run_update(params, batch: Batch):
     """One update from a fresh optimizer state; returns (state before, state after, metrics),
     all on the host (`update` donates its input state)."""
-    state = init_state(params, _statics()["optimizer"])
+    state = _phases().init(params)
     before = jax.device_get(state)
-    after, metrics = update(state, batch, jax.random.key(1), **_statics())
+    after, metrics = _phases().update(state, batch, jax.random.key(1))
     return before, jax.device_get(after), {k: float(v) for k, v in jax.device_get(metrics).items()}
 
 
@@ -933,7 +921,7 @@ def test_run_outputs_are_under_the_run_directory(tmp_path):
     run = Run(config_from(QUICK), out)
     assert run.checkpointer.directory == (out / "checkpoints").absolute()
     run.save()
-    runner.write_config(run.cfg, out)
+    write_config(run.cfg, out)
     written = [p for p in tmp_path.rglob("*") if p.is_file()]
     assert written and all(p.is_relative_to(out) for p in written)
 
@@ -1059,7 +1047,7 @@ def test_out_in_a_read_only_directory(tmp_path, quick_config, worker_env):
 def test_export_hf_to_an_existing_file(tmp_path, capsys):
     out = tmp_path / "run"
     Run(config_from(QUICK), out).save()
-    runner.write_config(config_from(QUICK), out)
+    write_config(config_from(QUICK), out)
     file = tmp_path / "model"
     file.write_text("not a directory")
     cli_error(
@@ -1357,7 +1345,7 @@ def test_sample_from_non_finite_weights_prints_strict_json_and_says_where(tmp_pa
     params["embed"] = np.full_like(params["embed"], np.nan)
     run.state = run.state.replace(params=jax.device_put(params))
     run.save()
-    runner.write_config(cfg, out)
+    write_config(cfg, out)
     capsys.readouterr()
     argv = ["sample", "--run", str(out), "--prompt", "1+1=", "--n", "2", "--max-new-tokens", "2"]
     assert main(argv) == 0
@@ -1374,13 +1362,13 @@ def test_sample_from_non_finite_weights_prints_strict_json_and_says_where(tmp_pa
 
 def test_json_the_run_writes_is_strict_and_non_finite_values_are_named(tmp_path, caplog):
     metrics, summary = tmp_path / "metrics.jsonl", tmp_path / "summary.json"
-    runner.append_jsonl(metrics, {"step": 3, "loss": math.nan, "ais/alpha": -math.inf, "ok": 1.0})
-    runner.append_jsonl(metrics, {"step": 4, "loss": np.float32("nan"), "ok": np.float32(2.0)})
+    append_jsonl(metrics, {"step": 3, "loss": math.nan, "ais/alpha": -math.inf, "ok": 1.0})
+    append_jsonl(metrics, {"step": 4, "loss": np.float32("nan"), "ok": np.float32(2.0)})
     assert strict_rows(metrics) == [
         {"step": 3, "loss": None, "ais/alpha": None, "ok": 1.0},
         {"step": 4, "loss": None, "ok": 2.0},
     ]
-    runner.write_json(summary, {"eval/accuracy": 0.5, "reward/last": math.inf, "steps": 4})
+    write_json(summary, {"eval/accuracy": 0.5, "reward/last": math.inf, "steps": 4})
     assert strict_loads(summary.read_text()) == {
         "eval/accuracy": 0.5,
         "reward/last": None,
@@ -1399,7 +1387,7 @@ def finished_run(tmp_path_factory, worker_env) -> Path:
     """A QUICK run of 4 steps: checkpoints 0, 2, 4, held-out evaluations at 0, 2, 4. Tests copy
     it before changing anything."""
     folder = tmp_path_factory.mktemp("finished")
-    config = write_config(folder / "quick.yaml", config_from(QUICK))
+    config = yaml_file(folder / "quick.yaml", config_from(QUICK))
     out = folder / "run"
     sets = ["steps=4", "checkpoint_every=2", "eval_every=2"]
     argv = ["--config", str(config), "--out", str(out), *[a for s in sets for a in ("--set", s)]]
@@ -1452,7 +1440,7 @@ def test_fresh_run_into_an_old_run_directory_keeps_the_old_rows_until_replaced(
     shutil.rmtree(out / "checkpoints")
     old = {n: (out / n).read_text() for n in ("metrics.jsonl", "eval.jsonl")}
     monkeypatch.setitem(task_catalog.TASKS, "broken", BrokenReward)
-    config = write_config(tmp_path / "quick.yaml", config_from(QUICK))
+    config = yaml_file(tmp_path / "quick.yaml", config_from(QUICK))
     cli_error(
         capsys,
         train_argv(config, out, "task.name=broken", "task.options={}", "sft.steps=0"),

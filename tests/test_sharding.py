@@ -27,25 +27,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
+from training_run import SHARDED_MODEL
 
 from ais_jax import data, plan
 from ais_jax import sharding as shd
-from ais_jax.config import CorrectionConfig
+from ais_jax.config import CorrectionConfig, DistributedConfig, MeshConfig
 from ais_jax.model import init_cache, param_shapes
 from ais_jax.model_config import ModelConfig
 from ais_jax.quant import quantize_fp8
 from ais_jax.tasks import Arithmetic
 
-TINY = ModelConfig(
-    vocab_size=64,
-    hidden_size=64,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=16,
-    intermediate_size=128,
-    tie_embeddings=False,
-)
+TINY = SHARDED_MODEL
 SIZES = {"data": 2, "fsdp": 2, "tensor": 2}
 
 
@@ -53,31 +45,42 @@ SIZES = {"data": 2, "fsdp": 2, "tensor": 2}
 
 
 def test_mesh_config_resolves_fill_and_names_bad_values():
-    assert shd.MeshConfig().sizes(8) == {"data": 8, "fsdp": 1, "tensor": 1}
-    assert shd.MeshConfig(data=2, fsdp=-1, tensor=2).sizes(16) == {
+    assert MeshConfig().sizes(8) == {"data": 8, "fsdp": 1, "tensor": 1}
+    assert MeshConfig(data=2, fsdp=-1, tensor=2).sizes(16) == {
         "data": 2,
         "fsdp": 4,
         "tensor": 2,
     }
-    assert shd.MeshConfig.parse("data=1, fsdp=8,tensor=1") == shd.MeshConfig(data=1, fsdp=8)
+    assert MeshConfig.parse("data=1, fsdp=8,tensor=1") == MeshConfig(data=1, fsdp=8)
     with pytest.raises(ValueError, match=r"mesh.tensor=0"):
-        shd.MeshConfig(tensor=0)
+        MeshConfig(tensor=0)
     with pytest.raises(ValueError, match="at most one axis may be -1"):
-        shd.MeshConfig(data=-1, fsdp=-1)
+        MeshConfig(data=-1, fsdp=-1)
     with pytest.raises(
         ValueError,
         match=r"product of the fixed axis sizes \(3\) does not divide"
         r" the device count 8",
     ):
-        shd.MeshConfig(fsdp=3).sizes(8)
+        MeshConfig(fsdp=3).sizes(8)
     with pytest.raises(ValueError, match=r"\(4\) is not the device count 8"):
-        shd.MeshConfig(data=2, fsdp=2).sizes(8)
+        MeshConfig(data=2, fsdp=2).sizes(8)
     with pytest.raises(ValueError, match="'pipeline=2' must look like AXIS=INT"):
-        shd.MeshConfig.parse("pipeline=2")
+        MeshConfig.parse("pipeline=2")
+
+
+def test_sharding_module_imports_nothing_of_the_package():
+    """The mesh, the table and the row helpers depend on JAX alone (anywhere in the file, not
+    only at its top), so every module of the package may import them without a cycle."""
+    import ast
+
+    tree = ast.parse(Path(shd.__file__).read_text())
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert not [m for m in imported if m.split(".")[0] == "ais_jax"], imported
 
 
 def test_make_mesh_on_one_device():
-    mesh = shd.make_mesh(shd.MeshConfig())
+    mesh = shd.make_mesh(MeshConfig())
     assert dict(mesh.shape) == {"data": 1, "fsdp": 1, "tensor": 1}
     assert set(mesh.axis_types) == {jax.sharding.AxisType.Auto}
 
@@ -159,10 +162,10 @@ def test_host_shards_of_per_host_batches_reassemble_the_one_process_batches():
     n, b = 4, 2
     one = data.prompt_dataset(Arithmetic(), seed=0, batch_size=n * b, num_examples=1000)
     per_host = data.prompt_dataset(Arithmetic(), seed=0, batch_size=b, num_examples=1000)
-    hosts = [shd.host_shard(per_host, grain.sharding.ShardOptions(i, n)) for i in range(n)]
+    hosts = [data.host_shard(per_host, grain.sharding.ShardOptions(i, n)) for i in range(n)]
     for step in range(3):
         assert sum((hosts[i][step] for i in range(n)), ()) == one[step]
-    assert shd.host_shard(per_host)[5] == per_host[5]  # one process: everything
+    assert data.host_shard(per_host)[5] == per_host[5]  # one process: everything
 
 
 def test_host_shard_drop_remainder_keeps_hosts_in_step():
@@ -170,7 +173,7 @@ def test_host_shard_drop_remainder_keeps_hosts_in_step():
         Arithmetic(), seed=0, batch_size=3, num_examples=30, num_epochs=1
     )  # 10 batches
     lengths = [
-        len(shd.host_shard(finite, grain.sharding.ShardOptions(i, 4, drop_remainder=True)))
+        len(data.host_shard(finite, grain.sharding.ShardOptions(i, 4, drop_remainder=True)))
         for i in range(4)
     ]
     assert lengths == [2, 2, 2, 2]
@@ -179,10 +182,10 @@ def test_host_shard_drop_remainder_keeps_hosts_in_step():
 def test_initialize_distributed_only_when_enabled(monkeypatch):
     calls = []
     monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: calls.append(kw))
-    shd.initialize_distributed(shd.DistributedConfig())
+    shd.initialize_distributed(DistributedConfig())
     assert calls == []
     shd.initialize_distributed(
-        shd.DistributedConfig(
+        DistributedConfig(
             enabled=True, coordinator_address="h0:1234", num_processes=2, process_id=1
         )
     )
@@ -190,7 +193,7 @@ def test_initialize_distributed_only_when_enabled(monkeypatch):
 
 
 def test_shard_batch_on_one_device_is_a_device_put():
-    mesh = shd.make_mesh(shd.MeshConfig())
+    mesh = shd.make_mesh(MeshConfig())
     batch = {"tokens": np.arange(12, dtype=np.int32).reshape(4, 3)}
     out = shd.shard_batch(batch, mesh)
     np.testing.assert_array_equal(np.asarray(out["tokens"]), batch["tokens"])
@@ -261,6 +264,8 @@ CHECKS = [
     "check_train_step",
     "check_no_recompile",
     "check_score",
+    "check_score_bf16",
+    "check_train_step_bf16",
     "check_generate",
     "check_fp8",
     "check_fp8_generate",

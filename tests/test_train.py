@@ -12,6 +12,7 @@ All runs share one model shape, so the rollout and scoring programs compile once
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
 import math
@@ -28,15 +29,25 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from training_run import TINY_RUN
+from training_run import MODEL, TINY_RUN
 
+from ais_jax import model
 from ais_jax.checkpoint import Checkpointer
 from ais_jax.cli import main
-from ais_jax.config import TrainConfig, dump_config, from_dict, load_config
+from ais_jax.config import (
+    CorrectionConfig,
+    MeshConfig,
+    OptimConfig,
+    RolloutConfig,
+    TrainConfig,
+    dump_config,
+    from_dict,
+    load_config,
+)
 from ais_jax.hf import CheckpointError
+from ais_jax.model_config import ModelConfig
 from ais_jax.runner import Run, run_training
-
-jax.config.update("jax_numpy_rank_promotion", "raise")
+from ais_jax.sharding import make_mesh
 
 # One layer, hidden 64, 16 rollouts (4 prompts x 4 answers) of at most 6 tokens per step. 40 SFT
 # steps (well under a second once compiled) teach the model to answer one-digit sums in the right
@@ -79,10 +90,10 @@ ARMS = {
 REQUIRED = """
     step reward/mean reward/std reward/accuracy response/length_mean response/finished_frac
     policy/entropy
-    ais/alpha ais/alpha_ess ais/alpha_mis ais/alpha_var ais/cv ais/degenerate ais/ess_ratio
-    ais/mismatch ais/var_ratio
+    ais/alpha ais/alpha_ess ais/alpha_mis ais/alpha_var ais/cv ais/degenerate
+    ais/ess_ratio_truncated ais/mismatch ais/var_ratio
     is/weight_mean is/weight_max is/clip_frac
-    mismatch/k1 mismatch/k3 mismatch/mean_abs mismatch/max_ratio mismatch/ess_ratio
+    mismatch/k1 mismatch/k3 mismatch/mean_abs mismatch/ratio_max mismatch/ess_ratio_raw
     mismatch/frac_outside
     loss/policy loss/kl loss/total loss/clip_frac_low loss/clip_frac_high loss/ratio_mean
     loss/approx_kl
@@ -126,7 +137,7 @@ def test_arm_metrics_present_and_finite(arm_run, name):
         assert 0 <= row["reward/mean"] <= 1 and row["reward/std"] >= 0
         assert 1 <= row["response/length_mean"] <= cfg.rollout.max_new_tokens
         assert row["policy/entropy"] > 0
-        assert 0 <= row["ais/alpha"] <= 1 and 0 < row["ais/ess_ratio"] <= 1
+        assert 0 <= row["ais/alpha"] <= 1 and 0 < row["ais/ess_ratio_truncated"] <= 1
         assert row["mismatch/k3"] >= 0 and row["mismatch/mean_abs"] >= 0
         assert row["time/rollout_s"] > 0 and row["time/update_s"] > 0
         if cfg.loss.kl_coef == 0:
@@ -172,31 +183,181 @@ def test_arm_writes_outputs(arm_run, name):
 
 def test_runs_with_equal_settings_share_compiled_phases(tmp_path):
     """Arms and seeds of a comparison reuse one jitted program per phase: a second `Run` with
-    the same shapes and settings gets the very same jitted callables (so nothing recompiles),
-    and a different correction gets its own update."""
+    the same settings gets the very same jitted callables (so nothing recompiles), a different
+    correction gets its own update and shares every phase the correction does not touch."""
     cfg = from_dict(TrainConfig, TINY_RUN)
     first, second = Run(cfg, tmp_path / "a"), Run(dataclasses.replace(cfg, seed=1), tmp_path / "b")
-    for phase in ("_sync", "_sync_bf16", "_score", "_update"):
-        assert getattr(first, phase) is getattr(second, phase), phase
+    for phase in dataclasses.fields(first.phases):
+        name = phase.name
+        assert getattr(first.phases, name) is getattr(second.phases, name), name
     other = dataclasses.replace(cfg, correction=dataclasses.replace(cfg.correction, method="tis"))
-    third = Run(other, tmp_path / "c")
-    assert third._update is not first._update and third._score is first._score
+    third = Run(other, tmp_path / "c").phases
+    assert third.update is not first.phases.update
+    shared = [f.name for f in dataclasses.fields(third) if f.name != "update"]
+    for name in shared:
+        assert getattr(third, name) is getattr(first.phases, name), name
+    bf16 = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, format="bf16"))
+    fourth = Run(bf16, tmp_path / "d").phases  # the rollout copy is the evaluation policy's
+    assert fourth.sync is first.phases.sync_bf16 and fourth.generate is first.phases.generate_bf16
+    assert fourth.sync is not first.phases.sync and fourth.score is first.phases.score
+
+
+def test_sampled_evaluation_draws_from_the_runs_seed(tmp_path, monkeypatch):
+    """The held-out evaluation's samples come from the run's seed: with the same weights, two
+    seeds draw different samples (and the same greedy answers), and one run draws the same
+    samples at every evaluation (comparable across checkpoints)."""
+    from ais_jax import data
+
+    texts = []
+    decode = data.decode_responses
+    monkeypatch.setattr(data, "decode_responses", lambda *a: texts.append(decode(*a)) or texts[-1])
+    cfg = tiny_config(sft={"steps": 0})  # a random model: its samples vary
+    first = Run(cfg, tmp_path / "a")
+    other = Run(dataclasses.replace(cfg, seed=1), tmp_path / "b")
+    other.state = first.state  # the same weights
+    runs = {}
+    for name, run in (("first", first), ("other", other), ("again", first)):
+        texts.clear()
+        run.evaluate()
+        greedy, sampled = texts[0::2], texts[1::2]  # each chunk: greedy, then one sample
+        runs[name] = (greedy, sampled)
+    assert runs["first"] == runs["again"]
+    assert runs["other"][0] == runs["first"][0]
+    assert runs["other"][1] != runs["first"][1]
 
 
 def test_corrections_behave_as_documented(arm_run):
-    """The per-method invariants of ais.py, seen through the whole training step."""
+    """Each arm's weights, seen through the whole training step (one minibatch per step, so
+    the logged values are the minibatch's): uncorrected arms weight every token 1; TIS caps
+    the largest raw ratio at C; AIS applies w = 1 + alpha (min(rho, C) - 1) with the alpha its
+    logged diagnostics give; MIS keeps (1) or drops (0) tokens."""
+    clip = CorrectionConfig().clip
     for name in ("bf16", "fp8_none"):
         for row in arm_run(name)[3]:
             assert row["ais/alpha"] == 0 and row["is/weight_mean"] == 1
-            assert row["is/clip_frac"] == 0
+            assert row["is/clip_frac"] == 0 and row["is/weight_max"] == 1
     for row in arm_run("fp8_tis")[3]:
-        assert row["ais/alpha"] == 1 and row["is/weight_max"] <= 5.0
+        assert row["ais/alpha"] == 1
+        assert row["is/weight_max"] == pytest.approx(min(row["mismatch/ratio_max"], clip))
     for name in ("fp8_ais", "fp4_ais", "fp8_token_ais"):
         for row in arm_run(name)[3]:
-            assert row["ais/alpha"] <= row["ais/alpha_mis"] + 1e-6
+            gates = row["ais/alpha_ess"] - CorrectionConfig().beta_var * row["ais/alpha_var"]
+            alpha = min(max(gates, 0.0), 1.0) * row["ais/alpha_mis"]
+            assert row["ais/degenerate"] == 0 and row["ais/alpha"] == pytest.approx(alpha)
+            w_max = 1 + row["ais/alpha"] * (min(row["mismatch/ratio_max"], clip) - 1)
+            assert row["is/weight_max"] == pytest.approx(w_max, rel=1e-6)
     for row in arm_run("fp8_mis")[3]:
-        assert row["ais/alpha"] == 1 and row["is/weight_max"] <= 1
+        assert row["ais/alpha"] == 1 and row["is/weight_max"] in (0.0, 1.0)
         assert row["loss/kl"] >= 0
+
+
+# ---- the update phase: metric reductions and the correction's settings --------------------------
+
+SMALL = dataclasses.replace(MODEL, num_layers=1, num_heads=2, num_kv_heads=1)
+
+
+@pytest.mark.parametrize("layout", ["in_out_f32_values", "out_in"])
+def test_generate_phase_decodes_in_the_configured_layout(layout):
+    """``rollout.decode_layout`` reaches the sampler: the phase's rollout equals
+    `sampler.generate` called directly with that layout on the same FP8 copy, token for token;
+    "auto" is resolved before the phases are memoised (same callables as the backend default)."""
+    from ais_jax import sampler, train
+
+    rollout = RolloutConfig(
+        prompts_per_step=2, group_size=2, max_new_tokens=5, decode_layout=layout
+    )
+    cfg = TrainConfig(steps=1, rollout=rollout)
+    mesh = make_mesh(MeshConfig())
+    phases = train.make_phases(mesh, cfg, SMALL, eos_ids=(2,))
+    params = model.init_params(SMALL, jax.random.key(0))
+    copy = phases.sync(params)
+    prompts = np.array([[5, 6, 7], [0, 9, 10]], np.int32)
+    prompt_mask = prompts != 0
+    key = jax.random.key(3)
+    got = phases.generate(copy, prompts, prompt_mask, key, 1.0, None, None)
+    want = sampler.generate(
+        copy,
+        SMALL,
+        prompts,
+        key,
+        prompt_mask=prompt_mask,
+        max_new_tokens=5,
+        eos_ids=(2,),
+        layout=layout,
+    )
+    np.testing.assert_array_equal(got.tokens, want.tokens)
+    np.testing.assert_array_equal(got.logp, want.logp)
+    auto = dataclasses.replace(cfg, rollout=dataclasses.replace(rollout, decode_layout="auto"))
+    same = sampler.default_layout() == layout
+    assert (train.make_phases(mesh, auto, SMALL, eos_ids=(2,)).generate is phases.generate) == same
+
+
+def _update_inputs(correction: CorrectionConfig, *, minibatches=4, ppo_epochs=2):
+    """The update phase of a 16-row batch (random tokens; rollout log-probs = trainer's +
+    N(0, 0.3) noise on valid tokens), its inputs, and its float64 log-ratios ``d [B, T]``."""
+    from ais_jax import train
+
+    optim = OptimConfig(minibatches=minibatches, ppo_epochs=ppo_epochs)
+    rollout = RolloutConfig(prompts_per_step=4, group_size=4, max_new_tokens=5)
+    cfg = TrainConfig(steps=1, optim=optim, rollout=rollout, correction=correction)
+    phases = train.make_phases(make_mesh(MeshConfig()), cfg, SMALL)
+    rng = np.random.default_rng(0)
+    B, P, T = 16, 3, 5
+    mask = np.arange(T)[None, :] < rng.integers(1, T + 1, (B, 1))
+    logp_old = (-rng.uniform(0.5, 4.0, (B, T)) * mask).astype(np.float32)
+    logp_rollout = (logp_old + 0.3 * rng.standard_normal((B, T)) * mask).astype(np.float32)
+    batch = train.Batch(
+        prompt_tokens=rng.integers(1, 64, (B, P)).astype(np.int32),
+        prompt_mask=np.ones((B, P), bool),
+        tokens=rng.integers(1, 64, (B, T)).astype(np.int32),
+        mask=mask,
+        logp_rollout=logp_rollout,
+        logp_old=logp_old,
+        advantages=rng.standard_normal(B).astype(np.float32),
+    )
+    state = phases.init(model.init_params(SMALL, jax.random.key(0)))
+    d = (logp_old.astype(np.float64) - logp_rollout) * mask
+    return phases, state, batch, d
+
+
+def test_update_reduces_maxima_over_minibatches_by_max():
+    """``is/weight_max`` and ``mismatch/ratio_max`` of a step with 2 epochs x 4 minibatches are
+    the largest weight and ratio of the whole batch (every epoch visits every token), not a
+    mean of per-minibatch maxima, which would be smaller: each minibatch holds a quarter of
+    the rows and only one of them holds the largest ratio. Means stay means."""
+    clip = 1.2  # below the largest ratio, so TIS caps it
+    phases, state, batch, d = _update_inputs(CorrectionConfig(method="tis", clip=clip))
+    _, metrics = phases.update(state, batch, jax.random.key(3))
+    valid = batch.mask
+    ratio_max = float(np.exp(d[valid]).max())
+    assert ratio_max > clip and np.sum(np.exp(d[valid]) == ratio_max) == 1
+    assert float(metrics["mismatch/ratio_max"]) == pytest.approx(ratio_max, rel=1e-6)
+    assert float(metrics["is/weight_max"]) == pytest.approx(clip, rel=1e-6)
+
+
+@pytest.mark.parametrize("method", ["none", "tis", "mis"])
+def test_non_ais_arms_log_diagnostics_with_the_configured_settings(method):
+    """The AIS diagnostics every arm logs use the configured delta, gamma, beta_var, eps (not
+    the paper's): alpha_mis = min(1, mean|d| / delta), alpha_var = max(0, (Delta_sig - gamma) /
+    gamma), Delta_sig = std(A w_bar) / (std(A) + eps) with ddof 1, against float64. With the
+    paper's delta = 0.02 alpha_mis would be 1 here; with delta = 0.5 it is mean|d| / 0.5."""
+    settings = dict(delta=0.5, gamma=0.6, beta_var=0.5, eps=1e-3)
+    phases, state, batch, d = _update_inputs(
+        CorrectionConfig(method=method, **settings), minibatches=1, ppo_epochs=1
+    )
+    _, metrics = phases.update(state, batch, jax.random.key(3))
+    valid = batch.mask
+    mismatch = np.abs(d[valid]).mean()
+    w_bar = np.minimum(np.exp(d), CorrectionConfig().clip)
+    adv = np.broadcast_to(batch.advantages[:, None], d.shape).astype(np.float64)
+    var_ratio = np.std(adv[valid] * w_bar[valid], ddof=1) / (
+        np.std(adv[valid], ddof=1) + settings["eps"]
+    )
+    assert min(1.0, mismatch / 0.02) == 1.0 and mismatch / settings["delta"] < 1
+    assert float(metrics["ais/alpha_mis"]) == pytest.approx(mismatch / settings["delta"], rel=1e-5)
+    assert float(metrics["ais/var_ratio"]) == pytest.approx(var_ratio, rel=1e-5)
+    alpha_var = max(0.0, (var_ratio - settings["gamma"]) / settings["gamma"])
+    assert alpha_var > 0 and float(metrics["ais/alpha_var"]) == pytest.approx(alpha_var, rel=1e-5)
 
 
 def test_rollout_mismatch_grows_as_precision_drops(arm_run):
@@ -215,19 +376,17 @@ def test_bf16_rollout_is_on_policy(arm_run):
     for row, row_fp8 in zip(arm_run("bf16")[3], fp8, strict=True):
         assert row["mismatch/mean_abs"] < 1e-5, row
         assert row_fp8["mismatch/mean_abs"] > 100 * row["mismatch/mean_abs"]
-        assert abs(row["mismatch/max_ratio"] - 1) < 1e-3 and row["mismatch/ess_ratio"] > 0.9999
+        assert abs(row["mismatch/ratio_max"] - 1) < 1e-3 and row["mismatch/ess_ratio_raw"] > 0.9999
         assert row["ais/alpha_mis"] < 1e-3 and row["mismatch/frac_outside"] == 0
 
 
 def test_grpo_learns_a_one_token_bandit():
     """End to end, the loop's phases learn: reward 1 for answering token 5 (a random model
     says it with p ~ 1/64). 40 steps of FP8 rollout -> BF16 score -> AIS-corrected GRPO update
-    must make it the likely answer."""
+    (the phases `train.make_phases` builds) must make it the likely answer."""
     import jax.numpy as jnp
 
-    from ais_jax import grpo, model, sampler, train
-    from ais_jax.config import CorrectionConfig, LossConfig, OptimConfig, RolloutConfig
-    from ais_jax.model_config import ModelConfig
+    from ais_jax import grpo, train
 
     config = ModelConfig(
         vocab_size=64,
@@ -238,41 +397,36 @@ def test_grpo_learns_a_one_token_bandit():
         head_dim=32,
         intermediate_size=128,
     )
-    optim = OptimConfig(learning_rate=1e-3, warmup_steps=0, minibatches=2)
-    optimizer = train.make_optimizer(optim, 40)
-    correction = train.make_correction(CorrectionConfig(method="ais"))
-    state = train.init_state(model.init_params(config, jax.random.key(0)), optimizer)
     G, target = 8, 5
+    cfg = TrainConfig(
+        steps=40,
+        optim=OptimConfig(learning_rate=1e-3, warmup_steps=0, minibatches=2),
+        rollout=RolloutConfig(prompts_per_step=16, group_size=G, max_new_tokens=2),
+        correction=CorrectionConfig(method="ais"),
+    )
+    phases = train.make_phases(make_mesh(MeshConfig()), cfg, config)
+    state = phases.init(model.init_params(config, jax.random.key(0)))
     prompts = np.tile(np.array([[1, 2, 3]], np.int32), (16 * G, 1))
+    prompt_mask = np.ones(prompts.shape, bool)
+    one = jnp.float32(1.0)
 
     def p_target(params):
-        logp = train.score(
-            params,
-            config,
-            prompts[:1],
-            np.ones((1, 3), bool),
-            jnp.array([[target]]),
-            jnp.array([[True]]),
-            jnp.float32(1.0),
-        )[0]
+        answer = np.full((16 * G, 1), target, np.int32)
+        logp, _ = phases.score(
+            params, prompts, prompt_mask, answer, np.ones_like(answer, bool), one
+        )
         return float(jnp.exp(logp[0, 0]))
 
     p_start, rewards = p_target(state.params), []
     for step in range(40):
-        rollout_params = train.sync_rollout_params(state.params, RolloutConfig())
-        ro = sampler.generate(
-            rollout_params, config, prompts, jax.random.key(step), max_new_tokens=2
+        rollout_params = phases.sync(state.params)
+        ro = phases.generate(
+            rollout_params, prompts, prompt_mask, jax.random.key(step), one, config.vocab_size, one
         )
         reward = (np.asarray(ro.tokens[:, 0]) == target).astype(np.float32)
         rewards.append(reward.mean())
-        logp_old, _ = train.score(
-            state.params,
-            config,
-            ro.prompt_tokens,
-            ro.prompt_mask,
-            ro.tokens,
-            ro.mask,
-            jnp.float32(1.0),
+        logp_old, _ = phases.score(
+            state.params, ro.prompt_tokens, ro.prompt_mask, ro.tokens, ro.mask, one
         )
         batch = train.Batch(
             ro.prompt_tokens,
@@ -283,38 +437,74 @@ def test_grpo_learns_a_one_token_bandit():
             logp_old,
             grpo.group_advantages(jnp.asarray(reward), G),
         )
-        state, _ = train.update(
-            state,
-            batch,
-            jax.random.key(1000 + step),
-            config=config,
-            optimizer=optimizer,
-            optim=optim,
-            loss_cfg=LossConfig(),
-            correction=correction,
-            temperature=1.0,
-        )
+        state, _ = phases.update(state, batch, jax.random.key(1000 + step))
     assert p_start < 0.05 and np.mean(rewards[:5]) < 0.1, (p_start, rewards[:5])
     assert p_target(state.params) > 0.8 and np.mean(rewards[-5:]) > 0.8, rewards
 
 
+def test_package_imports_form_no_cycle_and_the_core_has_no_hidden_imports():
+    """The modules' top-level imports of one another form a DAG (config -> sharding ->
+    train -> config was a cycle, hidden by imports inside functions), and the training core
+    imports nothing of the package inside a function."""
+    import ast
+    import importlib.util
+
+    package = Path(importlib.util.find_spec("ais_jax").origin).parent
+    graph, hidden = {}, {}
+    for path in package.rglob("*.py"):
+        rel = path.relative_to(package.parent).with_suffix("")
+        name = ".".join(rel.parts).removesuffix(".__init__")
+        tree = ast.parse(path.read_text())
+        top = [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)]
+        nested = [n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)]
+        graph[name] = {m for n in top for m in _modules(n, name) if m.startswith("ais_jax")}
+        hidden[name] = {m for n in nested if n not in top for m in _modules(n, name)}
+    for core in ("ais_jax.config", "ais_jax.sharding", "ais_jax.train", "ais_jax.runner"):
+        assert not {m for m in hidden[core] if m.startswith("ais_jax")}, (core, hidden[core])
+    done, stack = set(), []
+
+    def visit(module):  # depth-first: a module met again on the current path is a cycle
+        assert module not in stack, " -> ".join([*stack[stack.index(module) :], module])
+        if module in done or module not in graph:
+            return
+        stack.append(module)
+        for dep in sorted(graph[module]):
+            visit(dep)
+        stack.pop()
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module)
+
+
+def _modules(node, importer: str) -> list[str]:
+    """The modules an import statement of module ``importer`` names (``from a import b``: a.b
+    if that is a module of the package, else a)."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    base = node.module or ""
+    if node.level:
+        base = ".".join(importer.split(".")[: -node.level] + ([base] if base else []))
+    return [base] + [f"{base}.{a.name}" for a in node.names]
+
+
 # ---- kill, resume, damaged checkpoints ----------------------------------------------------------
 
-# Pauses the real `ais-jax train` once the metrics row of step `stop` is written, so the test can
-# SIGKILL it at a known point (RL steps of this model take milliseconds: polling alone would race).
+# Pauses the real `ais-jax train` after RL step `stop` (its row written, its checkpoint if due),
+# through `run_training`'s on_step callback, so the test can SIGKILL it at a known point (RL
+# steps of this model take milliseconds: polling alone would race).
 _KILLABLE = textwrap.dedent("""
-    import sys, time
+    import functools, sys, time
     import ais_jax.runner as runner
     from ais_jax.cli import main
 
-    stop, append = int(sys.argv[1]), runner.append_jsonl
+    stop = int(sys.argv[1])
 
-    def append_then_hang(path, row):
-        append(path, row)
+    def hang_after_stop(row):
         if row["step"] >= stop:
             time.sleep(3600)
 
-    runner.append_jsonl = append_then_hang
+    runner.run_training = functools.partial(runner.run_training, on_step=hang_after_stop)
     sys.exit(main(sys.argv[2:]))
 """)
 

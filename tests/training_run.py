@@ -1,5 +1,10 @@
-"""The tiny training runs the tests share, in a module with no heavy imports (the subprocess
-workers import it too).
+"""The tiny models and training runs the tests share, in a module with no heavy imports (the
+subprocess workers import it too, before JAX).
+
+``MODEL``: the tiny random decoder of the unit tests (two layers, grouped-query attention,
+rope_theta 1e4); test modules derive what they need from it with ``dataclasses.replace``,
+naming what differs. ``SHARDED_MODEL``: the same with every dimension divisible by a 2x2x2
+mesh and an untied LM head, for the 8-device tests.
 
 ``TINY_RUN``: the one-layer run of test_train.py and test_cli.py (one compile per process):
 16 rollouts of at most 6 tokens per step, and 40 SFT steps so rewards differ within groups.
@@ -9,6 +14,24 @@ sharding_worker.py runs in one, both on 8 CPU devices (a mesh of data=8); test_s
 compares the two. Both workers train in float32 (``train.COMPUTE_DTYPE``) so the comparison is
 not bf16 rounding.
 """
+
+import dataclasses
+
+from ais_jax.model_config import ModelConfig
+
+MODEL = ModelConfig(
+    vocab_size=64,
+    hidden_size=32,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    intermediate_size=64,
+    rope_theta=10_000.0,
+)
+SHARDED_MODEL = dataclasses.replace(
+    MODEL, hidden_size=64, intermediate_size=128, tie_embeddings=False
+)
 
 TINY_MODEL = {
     "num_layers": 1,
