@@ -15,6 +15,7 @@ ids (generation_config.json and tokenizer_config.json) and its Jinja chat templa
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -26,8 +27,10 @@ import numpy as np
 import safetensors
 import safetensors.numpy
 
+from ais_jax import qwen35
 from ais_jax.model import Params, param_shapes
 from ais_jax.model_config import ModelConfig
+from ais_jax.qwen35 import Qwen35Config
 from ais_jax.tasks.chat import render_chat_template
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
@@ -48,6 +51,21 @@ _LAYER_NAMES = {
     "up_proj": "mlp.up_proj.weight",
     "down_proj": "mlp.down_proj.weight",
 }
+# Qwen3.5 (`qwen35.py`'s names): the MLP and norms as Qwen3, then each mixer's own tensors
+_QWEN35_LAYER_NAMES = {
+    **{k: v for k, v in _LAYER_NAMES.items() if "bias" not in k},
+    "in_proj_qkv": "linear_attn.in_proj_qkv.weight",
+    "in_proj_z": "linear_attn.in_proj_z.weight",
+    "in_proj_b": "linear_attn.in_proj_b.weight",
+    "in_proj_a": "linear_attn.in_proj_a.weight",
+    "conv_weight": "linear_attn.conv1d.weight",  # [W, 1, X] there, [W, X] here
+    "a_log": "linear_attn.A_log",
+    "dt_bias": "linear_attn.dt_bias",
+    "linear_norm": "linear_attn.norm.weight",
+    "out_proj": "linear_attn.out_proj.weight",
+}
+_QWEN35_TEXT_PREFIX = "model.language_model."  # the multimodal wrapper's text model
+log = logging.getLogger(__name__)
 _TOP_NAMES = {
     "embed": "model.embed_tokens.weight",
     "final_norm": "model.norm.weight",
@@ -55,12 +73,23 @@ _TOP_NAMES = {
 }
 
 
+# copied beside tokenizer.json by HFTokenizer.save
+_TOKENIZER_FILES = (
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "generation_config.json",
+)
+
+
 class CheckpointError(ValueError):
     """A checkpoint directory that cannot be loaded; the message says what and where."""
 
 
-def _hf_names(config: ModelConfig) -> dict[str, tuple[str, tuple[int, ...]]]:
+def _hf_names(config: ModelConfig | Qwen35Config) -> dict[str, tuple[str, tuple[int, ...]]]:
     """Every Hugging Face tensor name -> (our path, expected shape)."""
+    if isinstance(config, Qwen35Config):
+        return _qwen35_hf_names(config)
     shapes = param_shapes(config)
     names = {}
     for ours, hf in _TOP_NAMES.items():
@@ -72,7 +101,7 @@ def _hf_names(config: ModelConfig) -> dict[str, tuple[str, tuple[int, ...]]]:
     return names
 
 
-def read_config(path: str | os.PathLike) -> ModelConfig:
+def read_config(path: str | os.PathLike) -> ModelConfig | Qwen35Config:
     cfg_file = Path(path) / "config.json"
     if not Path(path).is_dir():
         raise CheckpointError(f"Checkpoint directory {str(path)!r} does not exist.")
@@ -82,8 +111,9 @@ def read_config(path: str | os.PathLike) -> ModelConfig:
             "config.json beside its safetensors files."
         )
     hf = read_json_object(cfg_file)
+    config_type = Qwen35Config if hf.get("model_type") in qwen35.MODEL_TYPES else ModelConfig
     try:
-        return ModelConfig.from_hf_dict(hf, source=str(cfg_file))
+        return config_type.from_hf_dict(hf, source=str(cfg_file))
     except ValueError as e:
         raise CheckpointError(str(e)) from None
 
@@ -130,14 +160,31 @@ def _read_tensors(files: Sequence[Path]) -> dict[str, np.ndarray]:
     return tensors
 
 
-def load_hf(path: str | os.PathLike, *, dtype=jnp.bfloat16) -> tuple[ModelConfig, Params]:
-    """Load a local Hugging Face Qwen3/Qwen2 directory as ``(config, params)``.
+def require_decoder(config: ModelConfig | Qwen35Config, path) -> ModelConfig:
+    """``config`` if the sampler and trainer run its family (Qwen3/Qwen2); a Qwen3.5 checkpoint
+    loads (`qwen35.forward` runs it) but cannot be sampled or trained yet: a clear error."""
+    if not isinstance(config, ModelConfig):
+        raise CheckpointError(
+            f"{path} is a Qwen3.5 checkpoint: ais_jax loads it and runs its forward "
+            "(ais_jax.qwen35), but sampling and training support Qwen3/Qwen2 only so far."
+        )
+    return config
+
+
+def load_hf(
+    path: str | os.PathLike, *, dtype=jnp.bfloat16
+) -> tuple[ModelConfig | Qwen35Config, Params]:
+    """Load a local Hugging Face Qwen3/Qwen2 directory as ``(config, params)``; a Qwen3.5 one
+    (``qwen3_5_text``, or the text model of a ``qwen3_5`` multimodal checkpoint) gives a
+    `Qwen35Config` and `qwen35.py`'s tree.
 
     >>> config, params = load_hf("/path/to/Qwen3-0.6B")  # doctest: +SKIP
     """
     path = Path(path)
     config = read_config(path)
     tensors = _read_tensors(_weight_files(path))
+    if isinstance(config, Qwen35Config):
+        tensors = _qwen35_text_tensors(path, tensors)
     expected = _hf_names(config)
     if config.tie_embeddings:  # tied checkpoints may carry a copy of the embedding
         tensors.pop("lm_head.weight", None)
@@ -171,11 +218,18 @@ def load_hf(path: str | os.PathLike, *, dtype=jnp.bfloat16) -> tuple[ModelConfig
         k: jnp.asarray(np.stack([t for _, t in sorted(v, key=lambda p: p[0])]), dtype=dtype)
         for k, v in layers.items()
     }
+    if isinstance(config, Qwen35Config) and "conv_weight" in params["layers"]:
+        conv = params["layers"]["conv_weight"]
+        params["layers"]["conv_weight"] = conv.reshape(conv.shape[0], conv.shape[1], -1)
     return config, params
 
 
 def save_hf(
-    path: str | os.PathLike, config: ModelConfig, params: Params, *, max_shard_bytes: int = 4 << 30
+    path: str | os.PathLike,
+    config: ModelConfig | Qwen35Config,
+    params: Params,
+    *,
+    max_shard_bytes: int = 4 << 30,
 ) -> Path:
     """Write ``params`` as a Hugging Face directory (config.json + safetensors, sharded with an
     index above ``max_shard_bytes``) that `transformers` loads. Returns the directory."""
@@ -195,9 +249,12 @@ def save_hf(
     for ours, hf in _TOP_NAMES.items():
         if ours in params:
             tensors[hf] = np.asarray(params[ours])
-    for ours, stacked in params["layers"].items():
-        for i in range(config.num_layers):
-            tensors[f"model.layers.{i}.{_LAYER_NAMES[ours]}"] = np.asarray(stacked[i])
+    if isinstance(config, Qwen35Config):
+        tensors |= _qwen35_layer_tensors(config, params)
+    else:
+        for ours, stacked in params["layers"].items():
+            for i in range(config.num_layers):
+                tensors[f"model.layers.{i}.{_LAYER_NAMES[ours]}"] = np.asarray(stacked[i])
     dtype = str(np.asarray(params["embed"]).dtype)
     shards, current, size = [], {}, 0
     for name in sorted(tensors, key=_natural):
@@ -226,6 +283,58 @@ def save_hf(
         )
     (path / "config.json").write_text(json.dumps(config.to_hf_dict(dtype=dtype), indent=2))
     return path
+
+
+def _qwen35_hf_names(config: Qwen35Config) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """`_hf_names` of a Qwen3.5 text model: each kind's tensors on the layers of that kind."""
+    shapes = qwen35.param_shapes(config)
+    names = {
+        hf: (ours, tuple(shapes[ours].shape)) for ours, hf in _TOP_NAMES.items() if ours in shapes
+    }
+    for ours, sds in shapes["layers"].items():
+        shape = sds.shape[1:]
+        if ours == "conv_weight":
+            shape = (shape[0], 1, shape[1])
+        for i in qwen35.layer_indices(config, ours):
+            names[f"model.layers.{i}.{_QWEN35_LAYER_NAMES[ours]}"] = (f"layers/{ours}", shape)
+    return names
+
+
+def _qwen35_layer_tensors(config: Qwen35Config, params: Params) -> dict[str, np.ndarray]:
+    """The per-layer Hugging Face tensors of a Qwen3.5 tree (stacks split by layer kind)."""
+    tensors = {}
+    for ours, stacked in params["layers"].items():
+        for j, i in enumerate(qwen35.layer_indices(config, ours)):
+            tensor = np.asarray(stacked[j])
+            if ours == "conv_weight":
+                tensor = tensor[:, None, :]
+            tensors[f"model.layers.{i}.{_QWEN35_LAYER_NAMES[ours]}"] = tensor
+    return tensors
+
+
+def _qwen35_text_tensors(path: Path, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The text model's tensors under `Qwen3_5ForCausalLM`'s names. A multimodal checkpoint
+    (``model.language_model.*``) is renamed; its vision tower (``model.visual.*``) and the
+    multi-token-prediction head (``mtp.*``) are not part of the text model and are dropped
+    with a log note, as transformers does."""
+    multimodal = any(name.startswith(_QWEN35_TEXT_PREFIX) for name in tensors)
+    text, ignored = {}, []
+    for name, tensor in tensors.items():
+        if multimodal and name.startswith(_QWEN35_TEXT_PREFIX):
+            text["model." + name[len(_QWEN35_TEXT_PREFIX) :]] = tensor
+        elif name.startswith(("model.visual.", "mtp.")):
+            ignored.append(name)
+        else:
+            text[name] = tensor
+    if ignored:
+        groups = sorted({".".join(n.split(".")[:2]) for n in ignored})
+        log.info(
+            "%s: ignoring %d tensor(s) that are not the Qwen3.5 text model (%s).",
+            path,
+            len(ignored),
+            ", ".join(groups),
+        )
+    return text
 
 
 def _layer_index(name: str) -> int:
@@ -280,6 +389,7 @@ class HFTokenizer:
         except Exception as e:
             raise CheckpointError(f"{file} is not a valid tokenizers file: {e}.") from None
         folder = file.parent
+        self._file = file
         config_file = folder / "tokenizer_config.json"
         config = read_json_object(config_file) if config_file.is_file() else {}
         self.special_tokens = _special_tokens(config)
@@ -305,6 +415,25 @@ class HFTokenizer:
     @property
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Copy the tokenizer files this was read from into ``path`` (an exported checkpoint,
+        `save_hf`): tokenizer.json and, where they exist beside it, tokenizer_config.json,
+        special_tokens_map.json, chat_template.jinja and generation_config.json; without the
+        last, a generation_config.json naming ``eos_ids`` and ``pad_id``, so the copy reads
+        back with the same chat template and end-of-sequence ids. Returns ``path``."""
+        import shutil
+
+        path, folder = Path(path), self._file.parent
+        path.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(self._file, path / "tokenizer.json")
+        for name in _TOKENIZER_FILES:
+            if (folder / name).is_file():
+                shutil.copyfile(folder / name, path / name)
+        if not (folder / "generation_config.json").is_file():
+            generation = {"eos_token_id": list(self.eos_ids), "pad_token_id": self.pad_id}
+            (path / "generation_config.json").write_text(json.dumps(generation, indent=2))
+        return path
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
