@@ -131,6 +131,15 @@ class LLaDAConfig:
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
 
+    @property
+    def num_params(self) -> int:
+        """``L (D E (2H + 2K) + 3 D F + 2 D) + V D (1 + untied) + D``: projections, the two
+        norms per layer, embedding (+ head), final norm. LLaDA-8B: 8.02e9."""
+        d, e, f = self.hidden_size, self.head_dim, self.intermediate_size
+        layer = d * e * 2 * (self.num_heads + self.num_kv_heads) + 3 * d * f + 2 * d
+        embed = self.vocab_size * d * (1 if self.tie_embeddings else 2)
+        return self.num_layers * layer + embed + d
+
     @classmethod
     def llada_8b(cls) -> LLaDAConfig:
         """GSAI-ML/LLaDA-8B-Instruct (its config.json)."""

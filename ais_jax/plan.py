@@ -16,6 +16,29 @@ gradients and the bf16 copy, the rollout phase adds the FP8 copy and the KV cach
 (which depend on rematerialisation and minibatch size) and XLA's temporaries are not counted:
 leave headroom.
 
+Diffusion models (``--model llada-8b``, `llada.LLaDAConfig`) have the same parameter layout
+(`llada.py` uses `model.py`'s names), so the first five rows are computed the same way. Their
+rollout (`diffusion_sampler.generate`) has **no KV cache**: each of the ``steps`` denoising
+steps is one full bidirectional forward over all S = prompt + gen_length positions (``--seq``),
+the steps one after another in a loop, so memory is ONE forward's activations (time is ``steps``
+forwards) and the KV row is replaced by ``activations``: the larger of (bf16 unless noted, b =
+batch rows per device; heads, MLP and vocab split over ``tensor`` where they divide)
+
+    a layer's attention   x [b,S,D] + q, k, v [b,S,H*E] + scores [b,H,S,S] float32 + probs
+                          [b,H,S,S]                  (`model.attention` materialises both)
+    a layer's MLP         x, h [b,S,D] + gate, up, silu(gate)*up [b,S,F]
+    the head              h [b,S,D] + logits [b,S,V] float32 (all S positions) + three
+                          float32 [b,T,V] temporaries over the T = gen_length response positions
+                          (the sliced logits, the Gumbel-noised scores, the log-softmax)
+
+the layers run one at a time, so only one layer's temporaries are live at once. T defaults to
+S (an upper bound). Measured with XLA's `compile().memory_analysis()` on CPU (a 2-layer model,
+D = 256, V = 8192, 4 x 512 tokens, T = 384): a bare forward + Gumbel argmax + log-softmax
+needs 218.1 MB of temporaries against 219.2 MB here, but the whole jitted
+`diffusion_sampler._generate` needs 346.8 MB (XLA on CPU keeps more float32 [B, T, V] copies
+alive in the loop): the head's count is a floor, not a bound; leave headroom (GPU XLA fuses
+more of the elementwise work).
+
 >>> rows = plan_memory(ModelConfig.qwen3_8b(), {"data": 1, "fsdp": 8, "tensor": 1},
 ...                    batch=64, seq=2048)
 >>> round(rows["params"].device_bytes / GIB, 2)  # 8.19e9 parameters x 4 bytes / 8
@@ -32,14 +55,24 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ais_jax import llada
 from ais_jax import sharding as shd
 from ais_jax.config import MeshConfig, OptimConfig
+from ais_jax.llada import LLaDAConfig
 from ais_jax.model import cast_params, init_cache, init_params
 from ais_jax.model_config import ModelConfig
 from ais_jax.quant import quantize_fp8
 from ais_jax.train import make_optimizer
 
 GIB = 1024**3
+DIFFUSION_PRESETS = {"llada-8b": LLaDAConfig.llada_8b}
+DIFFUSION_NOTE = (
+    "Diffusion rollout: no KV cache; each of the `steps` denoising steps is one full forward "
+    "over\nprompt + gen_length = --seq tokens, run one after another: memory counts ONE "
+    "forward's peak\n(one layer's attention scores or MLP, or the head's float32 logits + three "
+    "float32\n[B, gen_length, V] temporaries, gen_length = --seq unless given); time is steps x "
+    "that forward."
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,46 +105,107 @@ def _total_bytes(tree) -> int:
     return sum(np.dtype(x.dtype).itemsize * math.prod(x.shape) for x in jax.tree.leaves(tree))
 
 
+def resolve_model(name: str) -> ModelConfig | LLaDAConfig:
+    """A Qwen-style preset (`ModelConfig.preset`) or a diffusion preset (`DIFFUSION_PRESETS`)."""
+    key = name.lower().replace("_", "-")
+    if key in DIFFUSION_PRESETS:
+        return DIFFUSION_PRESETS[key]()
+    try:
+        return ModelConfig.preset(name)
+    except ValueError as e:
+        raise ValueError(
+            f"{str(e).rstrip('.')}; diffusion presets: {list(DIFFUSION_PRESETS)}."
+        ) from None
+
+
+def _split(n: int, ways: int) -> int:
+    """One device's share of a dimension of size ``n`` over ``ways`` shards (replicated when
+    ``ways`` does not divide it, as `sharding.partition_spec` does)."""
+    return n // ways if n % ways == 0 else n
+
+
+def diffusion_activation_bytes(
+    config: LLaDAConfig, batch: int, seq: int, tensor: int = 1, gen_length: int | None = None
+):
+    """Peak activation bytes of one denoising step: a bidirectional forward of ``batch`` rows
+    (already one device's share) over ``seq`` positions, ``gen_length`` of them the response
+    (default all), heads/MLP/vocab split over ``tensor``: the largest of a layer's attention, a
+    layer's MLP and the head (module docstring). Returns ``{"attention": ..., "mlp": ...,
+    "head": ..., "peak": ...}``."""
+    c, b, S = config, batch, seq
+    T = seq if gen_length is None else gen_length
+    if not 1 <= T <= S:
+        raise ValueError(f"gen_length={gen_length} must be in [1, seq={seq}].")
+    H, K = _split(c.num_heads, tensor), _split(c.num_kv_heads, tensor)
+    F, V = _split(c.intermediate_size, tensor), _split(c.vocab_size, tensor)
+    E, D = c.head_dim, c.hidden_size
+    bf16, f32 = 2, 4
+    x = b * S * D * bf16
+    attention = x + b * S * (H + 2 * K) * E * bf16 + b * H * S * S * (f32 + bf16)
+    mlp = 2 * x + 3 * b * S * F * bf16
+    head = x + b * S * V * f32 + 3 * b * T * V * f32
+    return {"attention": attention, "mlp": mlp, "head": head, "peak": max(attention, mlp, head)}
+
+
 def plan_memory(
-    config: ModelConfig,
+    config: ModelConfig | LLaDAConfig,
     sizes: Mapping[str, int],
     *,
     batch: int,
     seq: int,
     optim: OptimConfig | None = None,
+    gen_length: int | None = None,
 ) -> dict[str, Row]:
     """Memory of one RL step of ``config`` on a mesh with axis ``sizes``, by item: ``params``,
-    ``gradients``, ``optimizer``, ``bf16``, ``fp8``, ``kv_cache``."""
+    ``gradients``, ``optimizer``, ``bf16``, ``fp8``, then ``kv_cache`` (autoregressive) or
+    ``activations`` (a diffusion `LLaDAConfig`: one denoising step, ``batch`` x ``seq`` tokens
+    of which ``gen_length`` (default ``seq``) are the response)."""
     ways = sizes["data"] * sizes["fsdp"]
     if batch % ways:
         raise ValueError(f"batch={batch} is not divisible by mesh data x fsdp = {ways}.")
-    params = jax.eval_shape(lambda k: init_params(config, k, jnp.float32), jax.random.key(0))
+    diffusion = isinstance(config, LLaDAConfig)
+    init = llada.init_params if diffusion else init_params
+    params = jax.eval_shape(lambda k: init(config, k, jnp.float32), jax.random.key(0))
     bf16 = jax.eval_shape(lambda p: cast_params(p, jnp.bfloat16), params)
     opt_state = jax.eval_shape(make_optimizer(optim or OptimConfig(), 1).init, params)
     fp8 = jax.eval_shape(quantize_fp8, params)
-    cache = jax.eval_shape(lambda: init_cache(config, batch, seq, jnp.bfloat16))
     trees = {
         "params": ("params (float32 master)", "train", params),
         "gradients": ("gradients (float32)", "train", params),
         "optimizer": ("optimizer (AdamW moments)", "train", opt_state),
         "bf16": ("bf16 compute copy", "train", bf16),
         "fp8": ("FP8 rollout copy", "rollout", fp8),
-        "kv_cache": (f"KV cache (bf16, {batch} x {seq})", "rollout", cache),
     }
+    if not diffusion:
+        cache = jax.eval_shape(lambda: init_cache(config, batch, seq, jnp.bfloat16))
+        trees["kv_cache"] = (f"KV cache (bf16, {batch} x {seq})", "rollout", cache)
     rules = {"train": shd.TRAIN, "rollout": shd.ROLLOUT}
-    return {
+    rows = {
         key: Row(label, layout, _total_bytes(tree), device_bytes(tree, rules[layout], sizes))
         for key, (label, layout, tree) in trees.items()
     }
+    if diffusion:
+        rows["activations"] = Row(
+            f"activations (1 forward, {batch} x {seq})",
+            "rollout",
+            diffusion_activation_bytes(config, batch, seq, 1, gen_length)["peak"],
+            diffusion_activation_bytes(config, batch // ways, seq, sizes["tensor"], gen_length)[
+                "peak"
+            ],
+        )
+    return rows
 
 
 def format_table(rows: dict[str, Row], title: str) -> str:
     b = {key: row.device_bytes for key, row in rows.items()}
     resident = b["params"] + b["optimizer"]
+    diffusion = "activations" in rows
+    rollout = b["activations"] if diffusion else b["kv_cache"]
+    rollout_name = "activations" if diffusion else "KV cache"
     peaks = [
         ("resident: params + optimizer", resident),
         ("train peak: + gradients + bf16 copy", resident + b["gradients"] + b["bf16"]),
-        ("rollout peak: + FP8 copy + KV cache", resident + b["fp8"] + b["kv_cache"]),
+        (f"rollout peak: + FP8 copy + {rollout_name}", resident + b["fp8"] + rollout),
     ]
     lines = [title, f"{'':38}{'layout':>8}{'total GiB':>12}{'per device GiB':>17}"]
     lines += [
@@ -119,7 +213,11 @@ def format_table(rows: dict[str, Row], title: str) -> str:
         for r in rows.values()
     ]
     lines += [f"{name:58}{n / GIB:17.2f}" for name, n in peaks]
-    lines.append("Activations and XLA temporaries are not included; leave headroom.")
+    if diffusion:
+        lines.append(DIFFUSION_NOTE)
+        lines.append("Training activations and XLA temporaries are not included; leave headroom.")
+    else:
+        lines.append("Activations and XLA temporaries are not included; leave headroom.")
     return "\n".join(lines)
 
 
@@ -128,7 +226,7 @@ def main(args) -> int:
     for option, value in (("--batch", args.batch), ("--seq", args.seq)):
         if not 1 <= value < 2**31:
             raise ValueError(f"{option} {value} is invalid: must be an integer in [1, 2**31).")
-    config = ModelConfig.preset(args.model)
+    config = resolve_model(args.model)
     mesh = MeshConfig.parse(args.mesh)
     fill = [n for n in shd.AXES if getattr(mesh, n) == -1]
     if fill:
@@ -137,11 +235,13 @@ def main(args) -> int:
             "needs a device count)."
         )
     sizes = {n: getattr(mesh, n) for n in shd.AXES}
-    rows = plan_memory(config, sizes, batch=args.batch, seq=args.seq)
+    gen_length = getattr(args, "gen_length", None)  # no such CLI flag yet: T = S
+    rows = plan_memory(config, sizes, batch=args.batch, seq=args.seq, gen_length=gen_length)
     title = (
         f"ais-jax plan: {args.model} ({config.num_params / 1e9:.2f}B parameters) on "
         f"{mesh.describe()} ({math.prod(sizes.values())} devices); rollout batch "
         f"{args.batch} x {args.seq} tokens"
+        + (" (prompt + gen_length)" if isinstance(config, LLaDAConfig) else "")
     )
     print(format_table(rows, title))
     return 0

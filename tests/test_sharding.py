@@ -32,6 +32,7 @@ from training_run import SHARDED_MODEL
 from ais_jax import data, plan
 from ais_jax import sharding as shd
 from ais_jax.config import CorrectionConfig, DistributedConfig, MeshConfig
+from ais_jax.llada import LLaDAConfig
 from ais_jax.model import init_cache, param_shapes
 from ais_jax.model_config import ModelConfig
 from ais_jax.quant import quantize_fp8
@@ -254,6 +255,79 @@ def test_plan_errors_name_the_value():
         _rows("data=1,fsdp=8,tensor=1", batch=60)
     args = argparse.Namespace(model="qwen3-8b", mesh="data=-1", batch=64, seq=2048)
     with pytest.raises(ValueError, match="data=-1 needs a device count"):
+        plan.main(args)
+
+
+# LLaDA-8B by hand: L=32, D=4096, H=K=32 heads of E=128 (H*E = K*E = 4096), F=12288, V=126464,
+# untied head, no q/k norms. Its rollout has no KV cache: the row is one forward's activations.
+LL, LD, LHE, LF, LV = 32, 4096, 4096, 12288, 126_464
+LLADA_LAYER_MATRICES = LL * (4 * LHE * LD + 3 * LF * LD)
+LLADA_MATRICES = LLADA_LAYER_MATRICES + 2 * LV * LD
+LLADA_NORMS = LL * 2 * LD + LD
+
+
+def _llada_rows(mesh: str, batch=8, seq=1024):
+    sizes = {k: int(v) for k, v in (item.split("=") for item in mesh.split(","))}
+    return plan.plan_memory(plan.resolve_model("llada-8b"), sizes, batch=batch, seq=seq)
+
+
+def test_plan_llada_8b_params_and_copies_match_hand_arithmetic():
+    assert LLADA_MATRICES + LLADA_NORMS == 8_015_581_184 == LLaDAConfig.llada_8b().num_params
+    rows = _llada_rows("data=1,fsdp=8,tensor=1")
+    assert "kv_cache" not in rows
+    master = 4 * (LLADA_MATRICES // 8 + LLADA_NORMS)
+    assert rows["params"].device_bytes == rows["gradients"].device_bytes == master
+    assert rows["params"].total_bytes == 4 * (LLADA_MATRICES + LLADA_NORMS)
+    assert 0 <= rows["optimizer"].device_bytes - 2 * master <= 16
+    assert rows["bf16"].device_bytes == master // 2
+    fp8 = LLADA_LAYER_MATRICES + 2 * (2 * LV * LD + LLADA_NORMS) + 4 * 7 * LL
+    assert rows["fp8"].device_bytes == rows["fp8"].total_bytes == fp8
+    tp = _llada_rows("data=2,fsdp=2,tensor=2")
+    assert tp["params"].device_bytes == 4 * (LLADA_MATRICES // 4 + LLADA_NORMS)
+    fp8 = LLADA_LAYER_MATRICES // 2 + 2 * (2 * LV * LD // 2 + LLADA_NORMS) + 4 * 7 * LL
+    assert tp["fp8"].device_bytes == fp8
+
+
+def test_plan_llada_8b_activations_are_one_forward_by_hand():
+    # 8 rows x 1024 positions on fsdp=8: one row per device; the head's float32 logits and
+    # three float32 temporaries [b, T, V] (T = S by default) dominate the attention scores
+    rows = _llada_rows("data=1,fsdp=8,tensor=1", batch=8, seq=1024)
+    head = 1024 * LD * 2 + 4 * 1024 * LV * 4
+    attention = 1024 * LD * 2 + 3 * 1024 * LHE * 2 + 32 * 1024 * 1024 * (4 + 2)
+    assert head > attention
+    assert rows["activations"].device_bytes == head == 2_080_374_784
+    assert rows["activations"].total_bytes == 8 * head
+    sizes = {"data": 1, "fsdp": 8, "tensor": 1}
+    rows = plan.plan_memory(LLaDAConfig.llada_8b(), sizes, batch=8, seq=1024, gen_length=256)
+    assert rows["activations"].device_bytes == 1024 * LD * 2 + (1024 + 3 * 256) * LV * 4
+    # 8192 positions, 1024 of them the response: the [b, H, S, S] scores (float32 + bf16
+    # probs) take over; tensor=2 halves heads and vocab, not the replicated [b, S, D] stream
+    sizes = {"data": 1, "fsdp": 4, "tensor": 2}
+    rows = plan.plan_memory(LLaDAConfig.llada_8b(), sizes, batch=4, seq=8192, gen_length=1024)
+    S, T = 8192, 1024
+    attention = S * LD * 2 + 3 * S * (LHE // 2) * 2 + 16 * S * S * 6
+    head = S * LD * 2 + (S + 3 * T) * (LV // 2) * 4
+    assert attention > head
+    assert rows["activations"].device_bytes == attention
+    # no steps factor: the denoising steps run one after another
+    parts = plan.diffusion_activation_bytes(LLaDAConfig.llada_8b(), 1, S, 2, gen_length=T)
+    assert parts["peak"] == attention and parts["head"] == head
+    with pytest.raises(ValueError, match=r"gen_length=9000 must be in \[1, seq=8192\]"):
+        plan.diffusion_activation_bytes(LLaDAConfig.llada_8b(), 1, S, gen_length=9000)
+
+
+def test_plan_cli_prints_the_llada_table(capsys):
+    before = len(jax.live_arrays())
+    args = argparse.Namespace(model="llada-8b", mesh="data=1,fsdp=8,tensor=1", batch=8, seq=1024)
+    assert plan.main(args) == 0
+    assert len(jax.live_arrays()) == before
+    out = capsys.readouterr().out
+    assert "llada-8b (8.02B parameters)" in out and "(prompt + gen_length)" in out
+    assert "activations (1 forward, 8 x 1024)" in out and "no KV cache" in out
+    master_gib = 4 * (LLADA_MATRICES // 8 + LLADA_NORMS) / plan.GIB
+    assert f"{master_gib:17.2f}" in out and "KV cache (" not in out
+    args.model = "llada-9t"
+    with pytest.raises(ValueError, match=r"Unknown model preset 'llada-9t'.*qwen3-8b.*llada-8b"):
         plan.main(args)
 
 
