@@ -20,7 +20,9 @@ and the FP8 rollout engine (`QArray` weights). The compute dtype is the embeddin
 logits are always float32.
 
 Two entry points share one layer function:
-- `forward(params, config, tokens_BS, mask_BS)`: full sequence, for training and scoring.
+- `forward(params, config, tokens_BS, mask_BS)`: full sequence, for training and scoring; it is
+  `head_logits(params, final_hidden(...))`, and the two halves serve callers that apply the
+  LM head to a few positions at a time (the trainer's chunked log-softmax, `sampler.py`).
 - `forward_cached(params, config, tokens_BQ, cache, mask_BQ)`: writes the new keys/values into a
   `KVCache` and attends over it; a batched prefill and one-token decode steps are both this call.
 Positions come from the padding mask (left padding: position = number of earlier valid tokens).
@@ -218,12 +220,19 @@ def unstack_layers(params: Params) -> Params:
     return {**params, "layers": [_layer_params(params, i) for i in range(num_layers)]}
 
 
+def head_logits(params: Params, hidden_BSD: jax.Array, row_mask_BS=None) -> jax.Array:
+    """The LM head: float32 logits ``[B, S, V]`` of final-normed hidden states ``[B, S, D]``
+    (`final_hidden`), with the untied ``lm_head`` or the tied embedding. ``row_mask_BS``
+    marks the rows a quantized head's dynamic activation scale is taken over."""
+    head = params.get("lm_head", params["embed"])
+    return linear(hidden_BSD, head, row_mask=row_mask_BS, out_dtype=jnp.float32)
+
+
 def _logits(params: Params, c: ModelConfig, x_BSD, row_mask_BS, last_only=False) -> jax.Array:
     x_BSD = rms_norm(x_BSD, params["final_norm"], c.rms_norm_eps)
     if last_only:  # sliced after the norm: before it, XLA:CPU fused the norm's sum differently
         x_BSD, row_mask_BS = x_BSD[:, -1:], row_mask_BS[:, -1:]
-    head = params.get("lm_head", params["embed"])
-    return linear(x_BSD, head, row_mask=row_mask_BS, out_dtype=jnp.float32)
+    return head_logits(params, x_BSD, row_mask_BS)
 
 
 def positions_from_mask(mask_BS: jax.Array, offset_B: jax.Array | int = 0) -> jax.Array:
@@ -246,11 +255,35 @@ def forward(
 ) -> jax.Array:
     """Logits ``[B, S, V]`` (float32) of a left-padded batch; ``mask_BS`` marks valid tokens.
 
-    Padded positions give finite values that no valid position depends on.
+    Padded positions give finite values that no valid position depends on. With
+    ``return_hidden`` the last layer's output ``[B, S, D]`` instead (before the final norm).
     """
+    mask_BS = _valid(tokens_BS, mask_BS)
+    x_BSD = _decoder(params, config, tokens_BS, mask_BS)
+    if return_hidden:
+        return x_BSD
+    return _logits(params, config, x_BSD, mask_BS)
+
+
+def final_hidden(
+    params: Params, config: ModelConfig, tokens_BS: jax.Array, mask_BS: jax.Array | None = None
+) -> jax.Array:
+    """The final-normed hidden states ``[B, S, D]`` (compute dtype) of a left-padded batch:
+    ``forward(...) == head_logits(params, final_hidden(...), mask_BS)``, so a caller can apply
+    the LM head to a few positions at a time instead of holding all ``[B, S, V]`` logits."""
+    mask_BS = _valid(tokens_BS, mask_BS)
+    x_BSD = _decoder(params, config, tokens_BS, mask_BS)
+    return rms_norm(x_BSD, params["final_norm"], config.rms_norm_eps)
+
+
+def _valid(tokens_BS: jax.Array, mask_BS: jax.Array | None) -> jax.Array:
     if mask_BS is None:
-        mask_BS = jnp.ones(tokens_BS.shape, bool)
-    mask_BS = mask_BS.astype(bool)
+        return jnp.ones(tokens_BS.shape, bool)
+    return mask_BS.astype(bool)
+
+
+def _decoder(params: Params, config: ModelConfig, tokens_BS, mask_BS) -> jax.Array:
+    """Embedding and every decoder layer of a full sequence: ``[B, S, D]`` before the norm."""
     S = tokens_BS.shape[1]
     positions_BS = positions_from_mask(mask_BS)
     causal_SS = jnp.tril(jnp.ones((S, S), bool))
@@ -259,9 +292,7 @@ def forward(
     attend = lambda q, k, v: attention(q, *_cache_layout(k, v), allowed_BSS)  # noqa: E731
     for i in range(config.num_layers):
         x_BSD = _layer(_layer_params(params, i), config, x_BSD, positions_BS, mask_BS, attend)
-    if return_hidden:
-        return x_BSD
-    return _logits(params, config, x_BSD, mask_BS)
+    return x_BSD
 
 
 # ---- KV cache ---------------------------------------------------------------------------------

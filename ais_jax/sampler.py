@@ -58,7 +58,16 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from ais_jax.model import KVCache, Params, forward, forward_cached, init_cache, unstack_layers
+from ais_jax.model import (
+    KVCache,
+    Params,
+    final_hidden,
+    forward,
+    forward_cached,
+    head_logits,
+    init_cache,
+    unstack_layers,
+)
 from ais_jax.model_config import ModelConfig
 from ais_jax.quant import LINEAR_WEIGHTS, InOut, QArray
 
@@ -106,8 +115,20 @@ def filter_logits(logits_BV: jax.Array, top_k: jax.Array, top_p: jax.Array) -> j
     """Top-k then top-p (nucleus) filtering with traced ``top_k`` (int) and ``top_p`` (float).
 
     Keeps the ``top_k`` largest logits, then the smallest prefix of them (by probability,
-    renormalised over the top-k) whose mass reaches ``top_p``; the rest become -inf.
+    renormalised over the top-k) whose mass reaches ``top_p``; the rest become -inf. With
+    ``top_k == 1`` (greedy) that is every logit equal to the row's maximum, computed without
+    the sort (which costs seconds per token at a 151,936-id vocabulary on CPU).
     """
+    return jax.lax.cond(
+        top_k == 1,
+        lambda: jnp.where(
+            logits_BV >= jnp.max(logits_BV, axis=-1, keepdims=True), logits_BV, -jnp.inf
+        ),
+        lambda: _sort_filter(logits_BV, top_k, top_p),
+    )
+
+
+def _sort_filter(logits_BV: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
     sorted_BV = -jnp.sort(-logits_BV, axis=-1)
     rank_BV = jax.lax.broadcasted_iota(jnp.int32, sorted_BV.shape, sorted_BV.ndim - 1)
     sorted_BV = jnp.where(rank_BV < top_k, sorted_BV, -jnp.inf)
@@ -453,6 +474,11 @@ def _check_sampling(temperature, top_k, top_p, vocab_size):
 # ---- trainer-side scoring ---------------------------------------------------------------------
 
 
+# Logits one chunk of `token_logprobs` may hold: B x C x V float32 values (64 MiB). The small
+# benchmark model's update (B 128, V 32k) then takes C = 4 response positions at a time.
+LOGITS_CHUNK = 1 << 24
+
+
 def token_logprobs(
     params: Params,
     config: ModelConfig,
@@ -463,24 +489,73 @@ def token_logprobs(
     *,
     temperature: float | jax.Array = 1.0,
     return_entropy: bool = False,
+    chunk_logits: int = LOGITS_CHUNK,
 ):
     """Log-probs ``[B, T]`` (float32) of given response tokens under a full-sequence forward.
 
     This is logp_train of SPEC.md: ``log_softmax(logits / temperature)`` over the full
-    vocabulary, 0 where ``mask_BT`` is 0. With ``return_entropy`` also the per-token entropy of
-    that distribution. Jit it (or the function that calls it) yourself.
+    vocabulary, 0 where ``mask_BT`` is 0. With ``return_entropy`` also the per-token entropy
+    ``-sum_v p_v log p_v`` of that distribution. Jit it (or the function that calls it)
+    yourself.
+
+    The LM head runs on the T response positions only, C at a time (the fused
+    linear-cross-entropy idea): for each chunk ``logits_BCV = head(hidden_BCD)``, its
+    log-softmax, the chosen token's log-prob and the entropy, under `jax.checkpoint`, so
+    neither the forward nor the backward ever holds more than one chunk's ``[B, C, V]``
+    float32 logits (the backward recomputes them from the saved ``hidden_BCD``). C is the
+    largest count with ``B * C * V <= chunk_logits`` (at least 1); T is padded up to a
+    multiple of C. The values are those of ``log_softmax(forward(...))``: each position's
+    logits are the same dot. A quantized LM head (`QArray`) takes one dynamic activation
+    scale over every valid position of the sequence, so it keeps the unchunked path.
     """
     P = prompt_tokens_BP.shape[1]
-    T = tokens_BT.shape[1]
+    B, T = tokens_BT.shape
     seq_BS = jnp.concatenate([prompt_tokens_BP, tokens_BT], axis=1)
     seq_mask_BS = jnp.concatenate([prompt_mask_BP, mask_BT], axis=1).astype(bool)
-    logits_BSV = forward(params, config, seq_BS, seq_mask_BS)
-    # the logits at position s predict the token at s + 1
-    logits_BTV = jax.lax.dynamic_slice_in_dim(logits_BSV, P - 1, T, axis=1)
-    logp_BTV = jax.nn.log_softmax(logits_BTV.astype(jnp.float32) / temperature, axis=-1)
-    logp_BT = jnp.take_along_axis(logp_BTV, tokens_BT[..., None], axis=-1)[..., 0]
+    if isinstance(params.get("lm_head", params["embed"]), QArray):
+        logits_BSV = forward(params, config, seq_BS, seq_mask_BS)
+        # the logits at position s predict the token at s + 1
+        logits_BTV = jax.lax.dynamic_slice_in_dim(logits_BSV, P - 1, T, axis=1)
+        logp_BT, entropy_BT = _logp_entropy(logits_BTV, tokens_BT, temperature)
+    else:
+        hidden_BSD = final_hidden(params, config, seq_BS, seq_mask_BS)
+        hidden_BTD = jax.lax.dynamic_slice_in_dim(hidden_BSD, P - 1, T, axis=1)
+        logp_BT, entropy_BT = _chunked_logp_entropy(
+            params, hidden_BTD, tokens_BT, temperature, chunk_logits
+        )
     logp_BT = jnp.where(mask_BT, logp_BT, 0.0)
     if not return_entropy:
         return logp_BT
-    entropy_BT = -jnp.sum(jnp.exp(logp_BTV) * logp_BTV, axis=-1)
     return logp_BT, jnp.where(mask_BT, entropy_BT, 0.0)
+
+
+def _logp_entropy(logits_BTV, tokens_BT, temperature):
+    """The chosen tokens' log-probs and the entropies ``[B, T]`` of ``softmax(logits / temp)``."""
+    logp_BTV = jax.nn.log_softmax(logits_BTV.astype(jnp.float32) / temperature, axis=-1)
+    logp_BT = jnp.take_along_axis(logp_BTV, tokens_BT[..., None], axis=-1)[..., 0]
+    return logp_BT, -jnp.sum(jnp.exp(logp_BTV) * logp_BTV, axis=-1)
+
+
+def _chunked_logp_entropy(params, hidden_BTD, tokens_BT, temperature, chunk_logits):
+    """`_logp_entropy` of ``head_logits(params, hidden_BTD)``, C positions at a time."""
+    B, T, D = hidden_BTD.shape
+    V = params.get("lm_head", params["embed"]).shape[0]
+    if chunk_logits < 1:
+        raise ValueError(f"chunk_logits={chunk_logits}: must be a positive number of logits")
+    C = max(1, min(T, chunk_logits // (B * V)))
+    N = -(-T // C)
+    pad = N * C - T
+    hidden_NBCD = jnp.pad(hidden_BTD, ((0, 0), (0, pad), (0, 0)))
+    hidden_NBCD = hidden_NBCD.reshape(B, N, C, D).transpose(1, 0, 2, 3)
+    tokens_NBC = jnp.pad(tokens_BT, ((0, 0), (0, pad))).reshape(B, N, C).transpose(1, 0, 2)
+
+    @jax.checkpoint
+    def chunk(args):
+        hidden_BCD, tokens_BC = args
+        return _logp_entropy(head_logits(params, hidden_BCD), tokens_BC, temperature)
+
+    if N == 1:  # one chunk: no loop (and nothing to recompute: its logits are the only ones)
+        return _logp_entropy(head_logits(params, hidden_BTD), tokens_BT, temperature)
+    logp_NBC, entropy_NBC = jax.lax.map(chunk, (hidden_NBCD, tokens_NBC))
+    unchunk = lambda x_NBC: x_NBC.transpose(1, 0, 2).reshape(B, N * C)[:, :T]  # noqa: E731
+    return unchunk(logp_NBC), unchunk(entropy_NBC)

@@ -10,6 +10,13 @@ One step of training is four jitted calls and a little host work:
              is applied per minibatch inside the loss, so AIS's alpha is one scalar per
              minibatch, computed from detached values
 
+On-policy (`on_policy`: one epoch of one minibatch) the score phase is skipped: the update's
+own forward runs on the pre-update params, so ``logp_old = stop_gradient(logp_new)`` there is
+the score's value at no extra forward (``Batch.logp_old = None`` asks for it), and the update
+logs the entropy the score would have (``policy/entropy``). The LM head and log-softmax of both
+run a few response positions at a time (`sampler.token_logprobs`): no phase holds ``[B, T, V]``
+float32 logits, or their gradient, at once.
+
 plus, before RL, the supervised warm start (`sft_step`). Precision policy: master params and
 optimizer state are float32; every forward of the trainer (score, update, SFT) runs in
 bfloat16 (`COMPUTE_DTYPE`, via `cast_params`); logits, log-softmax, log-probs, ratios and
@@ -77,7 +84,8 @@ class Batch:
     tokens: jax.Array  # [B, T]
     mask: jax.Array  # [B, T]
     logp_rollout: jax.Array  # [B, T] float32, logp_plain of the rollout engine
-    logp_old: jax.Array  # [B, T] float32, BF16 trainer (= logp_train)
+    # [B, T] float32, BF16 trainer (= logp_train); None: computed inside an on-policy update
+    logp_old: jax.Array | None
     advantages: jax.Array  # [B] float32
     logp_ref: jax.Array | None = None  # [B, T] float32, frozen reference (kl_coef > 0)
 
@@ -187,6 +195,12 @@ def score(
     )
 
 
+def on_policy(optim: OptimConfig) -> bool:
+    """One PPO epoch of one minibatch: the only update, taken on the whole batch, starts from
+    the params that would score it, so logp_old is the update's own detached logp_new."""
+    return optim.ppo_epochs == 1 and optim.minibatches == 1
+
+
 def _all_finite(tree) -> jax.Array:
     leaves = jax.tree_util.tree_leaves(tree)
     return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
@@ -209,15 +223,27 @@ def update(
 
     The U = ppo_epochs * minibatches values of each metric reduce to one per step by
     `ais.reduce_minibatch_metrics`: maxima by max (``is/weight_max`` is the largest weight of
-    the step, not a mean of minibatch maxima), the rest by mean."""
+    the step, not a mean of minibatch maxima), the rest by mean.
+
+    ``batch.logp_old = None`` (only `on_policy`): logp_old is ``stop_gradient(logp_new)`` of
+    the update's forward, equal to the score phase's logp_train (same params, same dtype), and
+    the metrics add ``policy/entropy``, the token mean of that forward's entropies
+    (what the score phase returns): one forward per step instead of two."""
     dtype = dtype or COMPUTE_DTYPE
+    in_update = batch.logp_old is None
+    if in_update and not on_policy(optim):
+        raise ValueError(
+            f"batch.logp_old=None with ppo_epochs={optim.ppo_epochs}, minibatches="
+            f"{optim.minibatches}: logp_old is computed inside the update only on-policy "
+            "(1 epoch, 1 minibatch); score the batch first (Phases.score)"
+        )
     B = batch.tokens.shape[0]
     M = optim.minibatches
     perms = [jax.random.permutation(k, B) for k in jax.random.split(key, optim.ppo_epochs)]
     idx_UM = jnp.concatenate([p.reshape(M, B // M) for p in perms])  # U = epochs * minibatches
 
     def loss_fn(params, mb: Batch):
-        logp_new = sampler.token_logprobs(
+        scored = sampler.token_logprobs(
             cast_params(params, dtype),
             config,
             mb.prompt_tokens,
@@ -225,10 +251,18 @@ def update(
             mb.tokens,
             mb.mask,
             temperature=temperature,
+            return_entropy=in_update,
         )
-        return grpo.loss(
-            logp_new,
-            mb.logp_old,
+        logp_new_BT, logp_old_BT, extra = scored, mb.logp_old, {}
+        if in_update:
+            logp_new_BT, entropy_BT = scored
+            logp_old_BT = jax.lax.stop_gradient(logp_new_BT)
+            mask_BT = mb.mask.astype(jnp.float32)
+            entropy_sum = jnp.sum(jax.lax.stop_gradient(entropy_BT) * mask_BT)
+            extra = {"policy/entropy": entropy_sum / jnp.maximum(mask_BT.sum(), 1)}
+        loss, metrics = grpo.loss(
+            logp_new_BT,
+            logp_old_BT,
             mb.advantages,
             mb.mask,
             logp_ref_BT=mb.logp_ref,
@@ -239,6 +273,7 @@ def update(
             correction=correction,
             logp_rollout_BT=mb.logp_rollout,
         )
+        return loss, {**metrics, **extra}
 
     def minibatch_step(carry, idx):
         params, opt_state, skipped = carry
@@ -312,7 +347,9 @@ class Phases:
     sync_bf16, generate_bf16                         the same for the BF16 trainer policy
                                                      (held-out evaluation)
     score(params, prompt_tokens, prompt_mask, tokens, mask, temperature) -> (logp, entropy)
-    update(state, batch, key) -> (state, metrics)    donates ``state``; metrics replicated
+    update(state, batch, key) -> (state, metrics)    donates ``state``; metrics replicated;
+                                                     ``batch.logp_old = None`` on-policy:
+                                                     computed inside (`update`)
     sft_init(params) -> opt_state                    the SFT optimizer's state
     sft_step(params, opt_state, prompt_tokens, prompt_mask, tokens, mask)
         -> (params, opt_state, loss)                 donates params and opt_state

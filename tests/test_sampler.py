@@ -208,6 +208,78 @@ def test_greedy_decode_is_the_full_forward_argmax(params, layout, dtype):
     np.testing.assert_array_equal(r.logp, 0.0)  # the filtered distribution is one token
 
 
+def _unchunked_logprobs(params, config, prompt_BP, prompt_mask_BP, tokens_BT, mask_BT, temp):
+    """The reference: the full ``[B, S, V]`` logits of `forward`, sliced, then log-softmax."""
+    P, T = prompt_BP.shape[1], tokens_BT.shape[1]
+    seq_BS = jnp.concatenate([prompt_BP, tokens_BT], axis=1)
+    logits_BTV = forward(params, config, seq_BS, jnp.concatenate([prompt_mask_BP, mask_BT], 1))
+    logp_BTV = jax.nn.log_softmax(logits_BTV[:, P - 1 : P - 1 + T] / temp, axis=-1)
+    logp_BT = jnp.take_along_axis(logp_BTV, tokens_BT[..., None], axis=-1)[..., 0]
+    entropy_BT = -jnp.sum(jnp.exp(logp_BTV) * logp_BTV, axis=-1)
+    return jnp.where(mask_BT, logp_BT, 0.0), jnp.where(mask_BT, entropy_BT, 0.0)
+
+
+def test_token_logprobs_chunks_the_lm_head_without_changing_values_or_gradients(params):
+    """`token_logprobs` applies the LM head and log-softmax C response positions at a time
+    (under `jax.checkpoint`): log-probs, entropies and their gradients equal those of the full
+    ``[B, T, V]`` logits to float32 rounding (1e-6 relative; a gradient leaf in 2-norm), for
+    one position per chunk, a chunk size that does not divide T (padded), and one chunk. The
+    compiled gradient never holds the ``[B, T, V]`` float32 logits: its temporaries
+    (`memory_analysis`, 8 x 32 tokens, a 4096-token vocabulary, one position per chunk) are
+    0.58x their size, the parameter gradients' buffers included, against 3.76x unchunked."""
+    B, T, temp = len(PROMPTS), 10, 0.7
+    prompt_BP, prompt_mask_BP = sampler.pad_prompts(PROMPTS)
+    rng = np.random.default_rng(0)
+    tokens_BT = jnp.asarray(rng.integers(1, V, (B, T)), jnp.int32)
+    mask_BT = jnp.asarray(np.arange(T)[None] < np.array([[10], [7], [1], [4]]))
+    weights_BT = jnp.asarray(rng.standard_normal((B, T)), jnp.float32)  # a loss with both signs
+
+    def objective(fn):
+        def f(p):
+            logp_BT, entropy_BT = fn(p)
+            return jnp.sum(weights_BT * logp_BT) + 0.1 * jnp.sum(entropy_BT), (logp_BT, entropy_BT)
+
+        return jax.jit(jax.value_and_grad(f, has_aux=True))
+
+    args = (prompt_BP, prompt_mask_BP, tokens_BT, mask_BT)
+    (_, want), want_grad = objective(lambda p: _unchunked_logprobs(p, CONFIG, *args, temp))(params)
+    for chunk in (1, 3 * B * V, 1 << 30):  # C = 1, C = 3 (T padded to 12), C = T
+        (_, got), got_grad = objective(
+            lambda p, chunk=chunk: sampler.token_logprobs(
+                p, CONFIG, *args, temperature=temp, return_entropy=True, chunk_logits=chunk
+            )
+        )(params)
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6 * float(jnp.max(jnp.abs(w))))
+        for path, g in jax.tree_util.tree_leaves_with_path(got_grad):
+            w = np.asarray(functools.reduce(lambda t, k: t[k.key], path, want_grad))
+            assert np.abs(w).max() > 0, path
+            err = np.linalg.norm(np.asarray(g) - w) / np.linalg.norm(w)  # relative, per leaf
+            assert err <= 1e-6, (chunk, jax.tree_util.keystr(path), err)
+
+    # memory: 8 rows x 32 tokens, so the logits (B T V) outweigh the embedding's gradient (D V)
+    wide = dataclasses.replace(CONFIG, vocab_size=4096, num_layers=1)
+    wide_params = init_params(wide, jax.random.key(1))
+    B, T = 8, 32
+    args = (prompt_BP[:1].repeat(B, 0), prompt_mask_BP[:1].repeat(B, 0))
+    args += (jnp.asarray(rng.integers(1, V, (B, T)), jnp.int32), jnp.ones((B, T), bool))
+    logits_bytes = B * T * wide.vocab_size * 4
+
+    def temp_bytes(fn):
+        grad = jax.jit(jax.grad(lambda p: jnp.sum(fn(p))))
+        return grad.lower(wide_params).compile().memory_analysis().temp_size_in_bytes
+
+    chunked = temp_bytes(
+        lambda p: sampler.token_logprobs(p, wide, *args, chunk_logits=B * wide.vocab_size)
+    )
+    unchunked = temp_bytes(lambda p: _unchunked_logprobs(p, wide, *args, 1.0)[0])
+    print(
+        f"backward temp: unchunked {unchunked / logits_bytes:.2f}x, chunked "
+        f"{chunked / logits_bytes:.2f}x the [B, T, V] float32 logits"
+    )
+    assert unchunked > 3 * logits_bytes and chunked < logits_bytes, (chunked, unchunked)
+
+
 # ---- the sampling distribution ---------------------------------------------------------------
 
 # Every distribution check below is exact (no asymptotic approximation): under a correct
@@ -382,6 +454,19 @@ def test_filter_logits_keeps_exactly_the_support():
     # top-k first, then top-p renormalized over the top-k: 0.4, 0.733 >= 0.7
     assert kept(3, 0.7) == {1, 3}
     assert kept(3, 0.75) == {1, 3, 4}
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.3])
+def test_greedy_filter_skips_the_sort_and_keeps_what_it_kept(top_p):
+    """top_k = 1 takes the branch without the sort: the same output as the sorted filter,
+    ties at the maximum included (every tied id stays; the draw then picks among them)."""
+    logits = np.random.default_rng(0).standard_normal((6, 300)).astype(np.float32)
+    logits[1, [7, 90, 250]] = logits[1].max() + 1.0  # a three-way tie at the top
+    logits[2, :] = 0.5  # all tied
+    args = jnp.asarray(logits), jnp.int32(1), jnp.float32(top_p)
+    out = np.asarray(sampler.filter_logits(*args))
+    np.testing.assert_array_equal(out, np.asarray(sampler._sort_filter(*args)))
+    assert np.isfinite(out).sum(axis=1).tolist() == [1, 3, 300, 1, 1, 1]
 
 
 # ---- end of sequence, padding, determinism ---------------------------------------------------

@@ -360,6 +360,99 @@ def test_non_ais_arms_log_diagnostics_with_the_configured_settings(method):
     assert alpha_var > 0 and float(metrics["ais/alpha_var"]) == pytest.approx(alpha_var, rel=1e-5)
 
 
+def _on_policy_pair(method: str, dtype: str):
+    """One on-policy update two ways from the same params, batch and key: scored first (the
+    score phase's logp_old, as before) and with ``logp_old=None`` (computed in the update).
+    Returns both (state, metrics), the scored logp_old, entropy and the batch."""
+    import jax.numpy as jnp
+
+    from ais_jax import train
+
+    rollout = RolloutConfig(prompts_per_step=4, group_size=4, max_new_tokens=5)
+    cfg = TrainConfig(
+        steps=1,
+        optim=OptimConfig(learning_rate=1e-3),
+        rollout=rollout,
+        correction=CorrectionConfig(method=method),
+    )
+    phases = train.make_phases(make_mesh(MeshConfig()), cfg, SMALL, compute_dtype=jnp.dtype(dtype))
+    params = model.init_params(SMALL, jax.random.key(0))
+    rng = np.random.default_rng(0)
+    B, P, T = 16, 3, 5
+    prompt, prompt_mask = rng.integers(1, 64, (B, P)).astype(np.int32), np.ones((B, P), bool)
+    tokens = rng.integers(1, 64, (B, T)).astype(np.int32)
+    mask = np.arange(T)[None, :] < rng.integers(1, T + 1, (B, 1))
+    logp_old, entropy = phases.score(params, prompt, prompt_mask, tokens, mask, np.float32(1.0))
+    logp_old, entropy = np.asarray(logp_old), np.asarray(entropy)
+    batch = train.Batch(
+        prompt_tokens=prompt,
+        prompt_mask=prompt_mask,
+        tokens=tokens,
+        mask=mask,
+        logp_rollout=(logp_old + 0.3 * rng.standard_normal((B, T)) * mask).astype(np.float32),
+        logp_old=None,
+        advantages=rng.standard_normal(B).astype(np.float32),
+    )
+    key = jax.random.key(3)
+    scored = phases.update(phases.init(params), batch.replace(logp_old=logp_old), key)
+    inside = phases.update(phases.init(params), batch, key)
+    return scored, inside, logp_old, entropy, batch
+
+
+@pytest.mark.parametrize(
+    "method,dtype",
+    [("none", "float32"), ("tis", "float32"), ("ais", "float32"), ("mis", "float32")]
+    + [("ais", "bfloat16")],
+)
+def test_on_policy_update_scores_in_its_own_forward(method, dtype):
+    """On-policy (1 epoch, 1 minibatch) ``logp_old=None`` makes the update use
+    stop_gradient(logp_new) of its own forward instead of a separate score pass: same params
+    and metrics as score-then-update. The two logp_old are the same forward of the same params
+    in the same dtype, differing only in XLA's fusion (~1 float32 ulp of a log-prob ~ 4e-7):
+    the ratio is 1 to ~1e-7 either way, so every metric agrees to 1e-5 absolute (alpha, the
+    mismatch and weights to 1e-6 relative), the gradient norm to 1e-6 relative and, after one
+    Adam step of lr 1e-3, the params to 1e-6 (a thousandth of the step): Adam's first step is
+    lr * g / (|g| + 1e-8) per weight, which turns a 1e-7 relative difference of a gradient near
+    Adam's eps into up to ~1e-3 of a step (measured: 3.8e-7 on the embedding, <= 1.4e-7
+    elsewhere). Every correction still sees d = logp_old - logp_rollout: mismatch/mean_abs is
+    that of the score phase's logp_old (float64 reference)."""
+    (state_a, m_a), (state_b, m_b), logp_old, entropy, batch = _on_policy_pair(method, dtype)
+    m_a, m_b = jax.device_get(m_a), jax.device_get(m_b)
+    valid = batch.mask
+    d = logp_old.astype(np.float64) - batch.logp_rollout
+    assert float(m_b["mismatch/mean_abs"]) == pytest.approx(np.abs(d[valid]).mean(), rel=1e-6)
+    assert float(m_b["policy/entropy"]) == pytest.approx(entropy[valid].mean(), rel=1e-6)
+    assert "policy/entropy" not in m_a and set(m_a) | {"policy/entropy"} == set(m_b)
+    assert abs(float(m_a["loss/policy"])) > 1e-3 and float(m_a["train/grad_norm"]) > 1e-3
+    for name in m_a:
+        np.testing.assert_allclose(m_b[name], m_a[name], atol=1e-5, rtol=1e-6, err_msg=name)
+    for name in ("ais/alpha", "mismatch/mean_abs", "is/weight_mean", "mismatch/ratio_max"):
+        assert float(m_b[name]) == pytest.approx(float(m_a[name]), rel=1e-6), name
+    moved = jax.tree.map(
+        lambda a, b: np.max(np.abs(np.asarray(a) - np.asarray(b))),
+        state_a.params,
+        model.init_params(SMALL, jax.random.key(0)),
+    )
+    assert max(jax.tree.leaves(moved)) > 1e-4, "the update did not move the params"
+    diff = jax.tree.map(
+        lambda a, b: np.max(np.abs(np.asarray(a) - np.asarray(b))), state_a.params, state_b.params
+    )
+    print(
+        f"{method} {dtype}: params max diff {max(jax.tree.leaves(diff)):.3g}, metrics max diff "
+        f"{max(abs(float(m_a[k]) - float(m_b[k])) for k in m_a):.3g}"
+    )
+    assert float(m_b["train/grad_norm"]) == pytest.approx(float(m_a["train/grad_norm"]), rel=1e-6)
+    assert max(jax.tree.leaves(diff)) <= 1e-6
+
+
+def test_logp_old_is_computed_inside_only_on_policy():
+    """Several minibatches (or epochs) need the pre-update policy's log-probs scored before the
+    first update: a batch without logp_old is then an error naming the settings."""
+    phases, state, batch, _ = _update_inputs(CorrectionConfig(method="ais"), minibatches=2)
+    with pytest.raises(ValueError, match=r"ppo_epochs=2, minibatches=2.*on-policy"):
+        phases.update(state, batch.replace(logp_old=None), jax.random.key(3))
+
+
 def test_rollout_mismatch_grows_as_precision_drops(arm_run):
     """Step 1 of every arm starts from the same SFT weights: the rollout-vs-trainer mismatch
     of a BF16 engine is below FP8's, which is below FP4's."""

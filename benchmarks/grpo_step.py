@@ -1,0 +1,462 @@
+"""Seconds per whole GRPO step of ais_jax side by side with TRL's `GRPOTrainer`, on CPU.
+
+The workload of issue 19, the same for every engine: one random Qwen3 checkpoint (float32
+weights written by `transformers` `Qwen3ForCausalLM.save_pretrained`, as benchmarks/sampler.py
+builds it: tiny ~0.3M or small ~41M with a 32k vocabulary), 16 prompts x 8 answers = 128
+rollouts, prompts of 32 random ids, exactly 64 new tokens per row (no end-of-sequence stop),
+full-vocabulary sampling at T=1, one PPO epoch of one minibatch, learning rate 1e-5, no KL,
+a cheap host reward (the parity of the response's length or token sum: a real run's reward
+function costs the same in every engine). Each engine runs ``--warmup`` steps (compiles, first
+calls), then ``--steps`` timed steps; the median step and the median of each phase are reported,
+with the process's peak resident memory (``ru_maxrss``: compile and weights included).
+
+Engines (each in its own subprocess and interpreter; peers in their own venvs, which
+``benchmarks/peers_setup.sh --trl`` creates under /work/peers):
+
+- ``ais_jax-bf16``, ``ais_jax-fp8``: `train.make_phases` as `Run` drives them: sync (the bf16
+  or FP8 rollout copy) + generate = *rollout*; *score* (skipped on-policy: the update computes
+  logp_old in its own forward); *update* (the GRPO loss with the AIS correction, AdamW). With
+  ``--ais-variants`` also ``+score`` (a separate score pass, the path before issue 19) and the
+  update with no correction, for the AIS correction's share of the step.
+- ``trl``: `trl.GRPOTrainer` (float32, transformers `generate`, no vLLM; ``min_new_tokens`` = 64),
+  over a word-level tokenizer whose words are the ids. *rollout* is `generate`; *update* the
+  rest of the step (TRL's own scoring of nothing: on-policy it takes logp_old = detached
+  logp_new, as ais_jax does); ``+score``: one more no-grad log-prob pass over the batch
+  (`_get_per_token_logps_and_entropies`), timed apart and added.
+
+Where the engines do different work: ais_jax records the rollout's log-probs of every token and
+the AIS diagnostics (mismatch, ESS, alpha) that TRL does not compute without vLLM; TRL runs the
+update in float32 (ais_jax: bf16 forward/backward, float32 master weights and Adam); TRL
+masks with its tokenizer's pad/eos and applies ``min_new_tokens`` as a logits processor;
+tunix's `GRPOLearner` is not run here yet (see benchmarks/README.md).
+
+    python benchmarks/grpo_step.py                        # tiny and small, every engine
+    python benchmarks/grpo_step.py --sizes tiny --engines ais_jax-bf16,trl --steps 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+PROMPTS, GROUP, PROMPT_LEN, NEW_TOKENS, LR = 16, 8, 32, 64, 1e-5
+ROWS = PROMPTS * GROUP
+PEER_ROOT = Path(os.environ.get("AIS_BENCH_PEERS", "/work/peers"))
+RESULT_TAG = "GRPO_STEP_RESULT "
+ENGINES = ("ais_jax-bf16", "ais_jax-fp8", "trl")
+
+
+def _sampler_bench():
+    """benchmarks/sampler.py (its model sizes, checkpoint writer and table printer)."""
+    spec = importlib.util.spec_from_file_location("bench_sampler", HERE / "sampler.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _prompt_ids(vocab: int, n: int, seed: int):
+    """``n`` prompts of PROMPT_LEN ids in [2, vocab) (0 pads, 1 is TRL's end of sequence)."""
+    import numpy as np
+
+    return np.random.default_rng(seed).integers(2, vocab, (n, PROMPT_LEN)).astype(np.int32)
+
+
+def _peak_gib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
+
+
+def _summary(times: dict[str, list[float]], warmup: int) -> dict:
+    return {k: statistics.median(v[warmup:]) for k, v in times.items()} | {
+        "steps_s": times["step"][warmup:]
+    }
+
+
+# ---- workers -----------------------------------------------------------------------------------
+
+
+def worker_ais_jax(a) -> dict:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from ais_jax import grpo, sampler, train
+    from ais_jax.config import CorrectionConfig, OptimConfig, RolloutConfig, TrainConfig
+    from ais_jax.hf import load_hf
+    from ais_jax.sharding import make_mesh
+
+    if a.chunk_logits:  # lever study: the LM-head chunk of `token_logprobs`
+        sampler.token_logprobs.__kwdefaults__["chunk_logits"] = a.chunk_logits
+    config, params = load_hf(a.ckpt, dtype=jnp.float32)
+    rollout = RolloutConfig(
+        format="bf16" if a.engine == "ais_jax-bf16" else "float8_e4m3fn",
+        prompts_per_step=PROMPTS,
+        group_size=GROUP,
+        max_new_tokens=NEW_TOKENS,
+        max_prompt_len=PROMPT_LEN,
+    )
+
+    def setup(method: str) -> TrainConfig:
+        return TrainConfig(
+            steps=1000,
+            optim=OptimConfig(learning_rate=LR),
+            rollout=rollout,
+            correction=CorrectionConfig(method=method),
+        )
+
+    cfg = setup(a.correction)
+    mesh = make_mesh(cfg.mesh)
+    phases = train.make_phases(mesh, cfg, config, eos_ids=(), pad_id=0)  # no EOS: 64 tokens
+    state = phases.init(params)
+    prompts = np.repeat(_prompt_ids(config.vocab_size, PROMPTS, a.seed), GROUP, axis=0)
+    prompt_mask = np.ones(prompts.shape, bool)
+    one, V = jnp.float32(1.0), config.vocab_size
+    times: dict[str, list[float]] = {k: [] for k in ("step", "rollout", "score", "update", "cpu")}
+    batch = None
+    for i in range(a.warmup + a.steps):
+        key = jax.random.key(i)
+        t0, cpu0 = time.perf_counter(), time.process_time()
+        ro = phases.generate(phases.sync(state.params), prompts, prompt_mask, key, one, V, one)
+        tokens = np.asarray(jax.block_until_ready(ro).tokens)  # to the host, as rewards need
+        t1 = time.perf_counter()
+        rewards = (tokens.sum(axis=1) % 2).astype(np.float32)
+        advantages = grpo.group_advantages(jnp.asarray(rewards), GROUP)
+        logp_old = None
+        if a.score:
+            scored = (ro.prompt_tokens, ro.prompt_mask, ro.tokens, ro.mask, one)
+            logp_old = jax.block_until_ready(phases.score(state.params, *scored)[0])
+        t2 = time.perf_counter()
+        batch = train.Batch(
+            ro.prompt_tokens,
+            ro.prompt_mask,
+            ro.tokens,
+            ro.mask,
+            ro.logp_plain,
+            logp_old,
+            advantages,
+        )
+        state, metrics = phases.update(state, batch, jax.random.key(10_000 + i))
+        metrics = jax.device_get(metrics)  # the host copy `Run.learn` makes
+        t3, cpu = time.perf_counter(), time.process_time() - cpu0
+        for k, v in zip(times, (t3 - t0, t1 - t0, t2 - t1, t3 - t2, cpu), strict=True):
+            times[k].append(v)
+        assert int(np.asarray(ro.lengths).min()) == NEW_TOKENS, "a row stopped early"
+    result = _summary(times, a.warmup) | {"peak_gib": _peak_gib()}
+    if a.cost:  # the AIS correction's share of the update, by XLA's cost analysis
+        flops = {}
+        for method in ("none", "ais"):
+            update = train.make_phases(mesh, setup(method), config, eos_ids=()).update
+            state = phases.init(params)
+            compiled = update.lower(state, batch, jax.random.key(0)).compile()
+            cost = compiled.cost_analysis()
+            cost = cost[0] if isinstance(cost, list) else cost
+            flops[method] = float(cost.get("flops", 0.0))
+            if method == a.correction:  # XLA's buffers of the update besides its arguments
+                result["update_temp_gib"] = compiled.memory_analysis().temp_size_in_bytes / 2**30
+        result["update_flops"] = flops
+    result["version"] = f"jax {jax.__version__}, correction {a.correction}" + (
+        ", score pass" if a.score else ""
+    )
+    return result
+
+
+def _word(i: int) -> str:
+    """Id ``i`` as a word of four letters (letters only: no pre-tokenizer splits it)."""
+    return "".join(chr(ord("a") + (i // 26**k) % 26) for k in range(4))
+
+
+def _word_tokenizer(vocab: int):
+    """A `PreTrainedTokenizerFast` whose words (`_word`) are the ids (pad id 0, eos id 1)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = {_word(i): i for i in range(vocab)}
+    tok = Tokenizer(models.WordLevel(words, unk_token=_word(0)))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token=_word(0), eos_token=_word(1), padding_side="left"
+    )
+
+
+def worker_trl(a) -> dict:
+    import datasets
+    import torch
+    import transformers
+    import trl
+
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    torch.manual_seed(a.seed)
+    model = transformers.AutoModelForCausalLM.from_pretrained(a.ckpt, dtype=torch.float32)
+    tok = _word_tokenizer(model.config.vocab_size)
+    n = a.warmup + a.steps
+    ids = _prompt_ids(model.config.vocab_size, PROMPTS * n, a.seed)
+    data = datasets.Dataset.from_dict({"prompt": [" ".join(map(_word, row)) for row in ids]})
+
+    def parity(completions, **_):
+        return [float(len(c) % 2) for c in completions]
+
+    out = tempfile.mkdtemp(prefix="grpo_step_trl_")
+    args = trl.GRPOConfig(
+        output_dir=out,
+        per_device_train_batch_size=ROWS,
+        num_generations=GROUP,
+        max_completion_length=NEW_TOKENS,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        learning_rate=LR,
+        lr_scheduler_type="constant",
+        beta=0.0,
+        num_iterations=1,
+        steps_per_generation=1,
+        max_steps=n,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        use_cpu=True,
+        bf16=False,
+        disable_tqdm=True,
+        seed=a.seed,
+        generation_kwargs={"min_new_tokens": NEW_TOKENS},
+    )
+    trainer = trl.GRPOTrainer(
+        model=model, reward_funcs=parity, args=args, train_dataset=data, processing_class=tok
+    )
+    times: dict[str, list[float]] = {k: [] for k in ("step", "rollout", "score", "cpu")}
+    score_cpu: list[float] = []
+    generate = type(model).generate
+
+    def timed_generate(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        out = generate(self, *args, **kwargs)
+        times["rollout"].append(time.perf_counter() - t0)
+        assert out.shape[1] == PROMPT_LEN + NEW_TOKENS, out.shape
+        return out
+
+    type(model).generate = timed_generate
+    make_batch = trainer._generate_and_score_completions
+
+    def with_scoring_pass(inputs):  # what a separate scoring pass would add (timed apart)
+        batch = make_batch(inputs)
+        ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+        mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+        t0, cpu0 = time.perf_counter(), time.process_time()
+        with torch.no_grad():
+            trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, NEW_TOKENS)
+        times["score"].append(time.perf_counter() - t0)
+        score_cpu.append(time.process_time() - cpu0)
+        return batch
+
+    trainer._generate_and_score_completions = with_scoring_pass
+
+    class StepTimer(transformers.TrainerCallback):
+        def on_step_begin(self, *_, **__):
+            self.t0, self.cpu0 = time.perf_counter(), time.process_time()
+
+        def on_step_end(self, *_, **__):
+            times["step"].append(time.perf_counter() - self.t0)
+            times["cpu"].append(time.process_time() - self.cpu0)
+
+    trainer.add_callback(StepTimer())
+    trainer.train()
+    # the extra scoring pass ran inside each step: the step TRL takes by default is without it
+    times["step"] = [s - sc for s, sc in zip(times["step"], times["score"], strict=True)]
+    times["cpu"] = [s - sc for s, sc in zip(times["cpu"], score_cpu, strict=True)]
+    times["update"] = [s - r for s, r in zip(times["step"], times["rollout"], strict=True)]
+    result = _summary(times, a.warmup) | {"peak_gib": _peak_gib()}
+    result["version"] = f"trl {trl.__version__}, torch {torch.__version__}"
+    result["threads"] = torch.get_num_threads()
+    return result
+
+
+def worker_ckpt(a) -> dict:
+    return _sampler_bench().worker_ckpt(a)
+
+
+WORKERS = {"ais_jax": worker_ais_jax, "trl": worker_trl, "ckpt": worker_ckpt}
+
+
+def run_worker(a) -> None:
+    try:
+        result = WORKERS[a.worker](a)
+    except Exception as e:  # one JSON line for the parent, the traceback on stderr
+        import traceback
+
+        traceback.print_exc(file=sys.stderr)
+        result = {"error": f"{type(e).__name__}: {e}".splitlines()[0][:300]}
+    print(RESULT_TAG + json.dumps(result), flush=True)
+
+
+# ---- parent ------------------------------------------------------------------------------------
+
+
+def spawn(python: Path, worker: str, args, **extra) -> dict:
+    cmd = [str(python), str(Path(__file__).resolve()), "--worker", worker]
+    for k, v in {"size": args.size, "seed": args.seed, "steps": args.steps, **extra}.items():
+        if v is True:
+            cmd.append(f"--{k.replace('_', '-')}")
+        elif v not in (None, False):
+            cmd += [f"--{k.replace('_', '-')}", str(v)]
+    cmd += ["--warmup", str(args.warmup), "--threads", str(args.threads)]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TOKENIZERS_PARALLELISM="false")
+    env["PYTHONPATH"] = str(HERE.parent) + os.pathsep + env.get("PYTHONPATH", "")
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {args.timeout}s"}
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_TAG)]
+    if not lines:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        return {"error": f"exit {proc.returncode}, no result: " + " | ".join(tail)[:400]}
+    result = json.loads(lines[-1][len(RESULT_TAG) :])
+    if "error" in result and args.verbose:
+        print(proc.stderr[-3000:], file=sys.stderr)
+    return result
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip() + f", {os.cpu_count()} cores"
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def report(size: str, results: dict[str, dict]) -> None:
+    bench = _sampler_bench()
+    ok = {k: r for k, r in results.items() if "error" not in r}
+    fastest = min((r["step"] for k, r in ok.items() if k.startswith("trl")), default=float("nan"))
+    rows = []
+    for name, r in results.items():
+        if "error" in r:
+            rows.append([name, "error", r["error"][:80], "", "", "", "", "", ""])
+            continue
+        step = r["step"]
+        with_score = step + (r["score"] if name.startswith("trl") else 0.0)
+        rows.append(
+            [
+                name,
+                f"{step:.2f}",
+                f"{with_score:.2f}",
+                f"{r['rollout']:.2f}",
+                f"{r['score']:.2f}" if not name.startswith("trl") else "(+score)",
+                f"{r['update']:.2f}",
+                f"{r['peak_gib']:.2f}",
+                f"{r['cpu']:.2f}",
+                f"{fastest / step:.2f}x",
+            ]
+        )
+    header = [
+        "engine",
+        "step s",
+        "step + score s",
+        "rollout s",
+        "score s",
+        "update s",
+        "peak GiB",
+        "step cpu-s",
+        "TRL step / step",
+    ]
+    print(f"\n{size}: {ROWS} rollouts, prompt {PROMPT_LEN}, {NEW_TOKENS} new tokens; {cpu_model()}")
+    bench.print_table(rows, header)
+    for name, r in ok.items():
+        print(f"  {name}: {r['version']}; steps {[round(s, 2) for s in r['steps_s']]}")
+        if "update_flops" in r:
+            f = r["update_flops"]
+            share = (f["ais"] - f["none"]) / f["ais"]
+            print(f"  AIS correction: {share:.4%} of the update's XLA flops ({f})")
+            print(f"  update temporaries (XLA memory analysis): {r['update_temp_gib']:.3f} GiB")
+    if "ais_jax-bf16" in ok and "ais_jax-bf16 none" in ok:
+        a, n = ok["ais_jax-bf16"], ok["ais_jax-bf16 none"]
+        print(
+            f"  AIS correction by timing: update {a['update']:.3f} s (ais) vs {n['update']:.3f} s "
+            f"(none): {(a['update'] - n['update']) / a['step']:+.2%} of the step"
+        )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", default="tiny,small")
+    p.add_argument("--engines", default=",".join(ENGINES))
+    p.add_argument("--steps", type=int, default=5, help="timed steps (median reported)")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--timeout", type=int, default=1800)
+    p.add_argument("--ais-variants", action="store_true", help="+score and no-correction rows")
+    p.add_argument(
+        "--chunk-logits", type=int, default=0, help="ais_jax: LM-head chunk (0: default)"
+    )
+    p.add_argument("--trl-python", default=str(PEER_ROOT / "trl-venv/bin/python"))
+    p.add_argument("--verbose", action="store_true")
+    # worker-only
+    p.add_argument("--worker", choices=sorted(WORKERS))
+    p.add_argument("--size", default="tiny")
+    p.add_argument("--ckpt")
+    p.add_argument("--engine", default="ais_jax-bf16")
+    p.add_argument("--correction", default="ais")
+    p.add_argument("--score", action="store_true")
+    p.add_argument("--cost", action="store_true")
+    args = p.parse_args()
+    if args.worker:
+        return run_worker(args)
+
+    print(f"CPU: {cpu_model()}; python {sys.version.split()[0]}")
+    trl_python = Path(args.trl_python)
+    engines = args.engines.split(",")
+    for size in args.sizes.split(","):
+        args.size = size
+        with tempfile.TemporaryDirectory(prefix=f"grpo_step_{size}_") as ckpt:
+            made = spawn(Path(sys.executable), "ckpt", args, ckpt=ckpt)
+            if "error" in made:
+                raise SystemExit(f"could not write the {size} checkpoint: {made['error']}")
+            runs = {}
+            for engine in engines:
+                if engine.startswith("ais_jax"):
+                    runs[engine] = dict(engine=engine, cost=engine == "ais_jax-bf16")
+                    if args.ais_variants and engine == "ais_jax-bf16":
+                        runs[f"{engine} +score"] = dict(engine=engine, score=True)
+                        runs[f"{engine} none"] = dict(engine=engine, correction="none")
+                elif engine == "trl":
+                    runs["trl"] = {}
+                else:
+                    raise SystemExit(f"--engines: unknown {engine!r}; known: {', '.join(ENGINES)}")
+            results = {}
+            for name, extra in runs.items():
+                t0 = time.perf_counter()
+                if name == "trl":
+                    if not trl_python.exists():
+                        results[name] = {
+                            "error": f"{trl_python} not found: bash benchmarks/peers_setup.sh --trl"
+                        }
+                        continue
+                    results[name] = spawn(trl_python, "trl", args, ckpt=ckpt)
+                else:
+                    chunk = args.chunk_logits or None
+                    results[name] = spawn(
+                        Path(sys.executable),
+                        "ais_jax",
+                        args,
+                        ckpt=ckpt,
+                        chunk_logits=chunk,
+                        **extra,
+                    )
+                print(f"  [{size} {name}: {time.perf_counter() - t0:.0f} s]", flush=True)
+            report(size, results)
+
+
+if __name__ == "__main__":
+    main()
