@@ -1,7 +1,7 @@
 """`ais-jax` command line: thin wrappers over the library.
 
     ais-jax train     [--config F] [--set k=v ...] [--out DIR] [--resume [--resume-fallback]]
-    ais-jax eval      --run DIR [--examples N]
+    ais-jax eval      --run DIR [--data FILE] [--examples N] [--k 4] [--temperature T] [--out F]
     ais-jax sample    (--run DIR | --checkpoint HF_DIR) --prompt TEXT [--n N] [--format F]
     ais-jax export-hf --run DIR --to HF_DIR
     ais-jax compare   [--config F] [--seeds 5] [--arms bf16,fp8,fp4,fp4+tis,fp4+ais,fp4+mis]
@@ -32,7 +32,7 @@ from pathlib import Path
 from ais_jax import preemption
 from ais_jax.config import SEED_RANGE, show
 from ais_jax.hf import CheckpointError
-from ais_jax.paths import dumps_strict, os_error_message
+from ais_jax.paths import dumps_strict, os_error_message, write_atomic
 from ais_jax.tasks import RewardError
 
 log = logging.getLogger("ais_jax.cli")
@@ -125,9 +125,62 @@ def _restored_run(run_dir: Path):
 
 
 def _cmd_eval(args) -> int:
+    """pass@1 (greedy), mean@k, maj@k and pass@k with 95% intervals (`ais_jax.evaluation`),
+    printed as JSON with the settings they hold for; one row per example in ``--out``."""
+    from ais_jax import evaluation
+
     _positive("--examples", args.examples, optional=True)
-    run = _restored_run(Path(args.run))
-    _print_json(run.evaluate(args.examples), "eval", indent=2)
+    _positive("--k", args.k)
+    if args.temperature is not None:
+        _require(
+            math.isfinite(args.temperature) and args.temperature > 0,
+            "--temperature",
+            args.temperature,
+            "must be a finite number > 0",
+        )
+    if args.data is not None and not Path(args.data).is_file():
+        raise FileNotFoundError(f"--data {args.data!r} is not a file.")
+    run_dir = Path(args.run)
+    run = _restored_run(run_dir)
+    step, r = int(run.state.step), run.cfg.rollout
+    temperature = r.temperature if args.temperature is None else args.temperature
+    draws = run.evaluate_at_k(args.examples, k=args.k, temperature=temperature, data_path=args.data)
+    metrics, rows = evaluation.score_draws(draws)
+    greedy_rewards, sample_rewards = draws.greedy_rewards_N, draws.sample_rewards_NK
+    data_name = (
+        args.data or run.cfg.task.eval_path or f"{run.cfg.task.name} held-out split (seed 0)"
+    )
+    if args.out:
+        out = Path(args.out)
+    else:
+        stem = Path(args.data).stem if args.data else "heldout"
+        out = run_dir / "eval" / f"step{step}-{stem}-k{args.k}-t{temperature:g}.jsonl"
+    if run.host == 0:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        lines = [dumps_strict(row, ensure_ascii=False)[0] + "\n" for row in rows]
+        write_atomic(out, "".join(lines))
+    result = {
+        "run": str(run_dir),
+        "step": step,
+        "task": run.cfg.task.name,
+        "data": str(data_name),
+        "examples": len(rows),
+        "k": args.k,
+        "temperature": temperature,
+        "top_k": r.top_k,
+        "top_p": r.top_p,
+        "max_new_tokens": r.max_new_tokens,
+        "confidence": 0.95,
+        "intervals": {name: evaluation.INTERVALS[m.interval] for name, m in metrics.items()},
+        **{name: m.to_dict() for name, m in metrics.items()},
+        # Run.evaluate's metrics, from the same draws (sample 0 at --temperature)
+        "eval/accuracy": float((greedy_rewards >= 1.0).mean()),
+        "eval/reward": float(greedy_rewards.mean()),
+        "eval/sampled_accuracy": float((sample_rewards[:, 0] >= 1.0).mean()),
+        "eval/examples": float(len(rows)),
+        "outputs": str(out),
+    }
+    _print_json(result, "eval", indent=2)
     return 0
 
 
@@ -136,7 +189,7 @@ def _cmd_sample(args) -> int:
     import numpy as np
 
     from ais_jax.data import decode_responses, encode_prompts, prompt_ids
-    from ais_jax.hf import HFTokenizer, load_hf
+    from ais_jax.hf import HFTokenizer, load_hf, require_decoder
     from ais_jax.sampler import generate
     from ais_jax.tasks.base import Example
     from ais_jax.train import sync_rollout_params
@@ -160,6 +213,7 @@ def _cmd_sample(args) -> int:
 
         tokenizer = HFTokenizer(args.checkpoint)
         config, params = load_hf(args.checkpoint)
+        config = require_decoder(config, args.checkpoint)
         bad = nonfinite(params)
         if bad:
             log.warning(
@@ -288,9 +342,35 @@ def build_parser() -> argparse.ArgumentParser:
     )
     t.set_defaults(fn=_cmd_train)
 
-    e = sub.add_parser("eval", help="held-out accuracy of a run's latest checkpoint")
+    e = sub.add_parser(
+        "eval",
+        help="pass@1, mean@k, maj@k and pass@k of a run's latest checkpoint, with 95% intervals",
+        description="Evaluate a run's latest checkpoint (its BF16 policy) on its held-out set "
+        "or a JSONL test set (--data, gsm8k/math runs): pass@1 (greedy), mean@k (mean accuracy "
+        "of k samples per prompt), maj@k (majority vote over the k final answers; ties go to "
+        "the answer sampled first) and pass@k, each with a 95%% interval over prompts (Wilson "
+        "score for pass@1, maj@k and pass@k; Student t for mean@k). Prints JSON; writes one "
+        "row per example (prompt, greedy response, samples, extracted answers, correct flags) "
+        "to --out.",
+    )
     e.add_argument("--run", required=True)
-    e.add_argument("--examples", type=int, default=None)
+    e.add_argument(
+        "--data", help="JSONL test set in the run's task format (default: the run's held-out set)"
+    )
+    e.add_argument(
+        "--examples",
+        type=int,
+        default=None,
+        help="the first N examples (default: task.eval_examples; all of a --data file)",
+    )
+    e.add_argument("--k", type=int, default=4, help="samples per prompt (default 4)")
+    e.add_argument(
+        "--temperature", type=float, default=None, help="(default: the run's rollout.temperature)"
+    )
+    e.add_argument(
+        "--out",
+        help="per-example JSONL (default: RUN/eval/step<N>-<data>-k<k>-t<temperature>.jsonl)",
+    )
     e.set_defaults(fn=_cmd_eval)
 
     s = sub.add_parser("sample", help="sample responses from a run or an HF checkpoint")
@@ -359,6 +439,13 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--mesh", default="data=1,fsdp=1,tensor=1")
     pl.add_argument("--batch", type=int, default=64)
     pl.add_argument("--seq", type=int, default=2048)
+    pl.add_argument(
+        "--gen-length",
+        dest="gen_length",
+        type=int,
+        default=None,
+        help="diffusion models (llada-8b): response positions of --seq (default: all of them)",
+    )
     pl.set_defaults(fn=_cmd_plan)
     return p
 

@@ -17,6 +17,7 @@ and the data iterator state is checkpointed. Only `config.RESUMABLE` settings ma
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
-from ais_jax import data, grpo, preemption, train
+from ais_jax import data, evaluation, grpo, preemption, train
 from ais_jax import sharding as shd
 from ais_jax.checkpoint import Checkpointer, from_record, resume_config, to_record, write_config
 from ais_jax.config import TrainConfig
@@ -138,12 +139,17 @@ class Run:
             chat.template_kwargs if chat is not None else None,
         )
 
-    def _sample(self, generate: Callable, params, prompts, mask, key, *, greedy=False) -> Rollout:
+    def _sample(
+        self, generate: Callable, params, prompts, mask, key, *, greedy=False, temperature=None
+    ) -> Rollout:
+        """``generate`` on this process's rows: greedy (top_k 1), or sampled at ``temperature``
+        (default: the rollout's) with the rollout's top_k / top_p."""
         r = self.cfg.rollout
         top_k = 1 if greedy else r.top_k or self.model_config.vocab_size
         top_p = 1.0 if greedy or r.top_p is None else r.top_p
+        temperature = r.temperature if temperature is None else temperature
         prompts, mask = shd.shard_batch((prompts, mask), self.mesh)
-        return generate(params, prompts, mask, key, r.temperature, top_k, top_p)
+        return generate(params, prompts, mask, key, temperature, top_k, top_p)
 
     def _rewards(self, task, examples, ro: Rollout) -> np.ndarray:
         """This process's rows of ``ro`` decoded and rewarded (float32)."""
@@ -153,7 +159,11 @@ class Run:
 
     def collect(self, key: jax.Array) -> tuple[train.Batch, dict[str, float]]:
         """Sync, rollout (with ``key``), reward and score: one batch of experience, with the
-        step's reward, response and entropy metrics and the time of each part."""
+        step's reward, response and entropy metrics and the time of each part.
+
+        On-policy (`train.on_policy`) nothing is scored here: the batch's ``logp_old`` is None
+        and the update computes it, and ``policy/entropy``, from its own forward;
+        ``time/score_s`` is then the reference policy's scoring alone (0 without a KL term)."""
         c, G, ro_t = self.cfg, self.cfg.rollout.group_size, self.cfg.rollout.temperature
         times = {}
         t0 = time.perf_counter()
@@ -176,9 +186,11 @@ class Run:
 
         t0 = time.perf_counter()
         scored = (ro.prompt_tokens, ro.prompt_mask, ro.tokens, ro.mask, jnp.float32(ro_t))
-        logp_old, entropy = self.phases.score(self.state.params, *scored)
+        logp_old = entropy = None
+        if not train.on_policy(c.optim):
+            logp_old, entropy = self.phases.score(self.state.params, *scored)
         logp_ref = self.phases.score(self.ref_params, *scored)[0] if c.loss.kl_coef > 0 else None
-        jax.block_until_ready(logp_old)
+        jax.block_until_ready((logp_old, logp_ref))
         times["time/score_s"] = time.perf_counter() - t0
 
         batch = train.Batch(
@@ -191,18 +203,18 @@ class Run:
             advantages=advantages,
             logp_ref=logp_ref,
         )
-        rewards, lengths, finished, mask, entropy = shd.all_rows(
-            (rewards, ro.lengths, ro.finished, ro.mask, entropy)
-        )
-        return batch, {
+        rewards, lengths, finished = shd.all_rows((rewards, ro.lengths, ro.finished))
+        metrics = {
             "reward/mean": float(rewards.mean()),
             "reward/std": float(rewards.std()),
             "reward/accuracy": float((rewards >= 1.0).mean()),
             "response/length_mean": float(lengths.mean()),
             "response/finished_frac": float(finished.mean()),
-            "policy/entropy": float(entropy[mask].mean()) if mask.any() else 0.0,
-            **times,
         }
+        if entropy is not None:
+            mask, entropy = shd.all_rows((ro.mask, entropy))
+            metrics["policy/entropy"] = float(entropy[mask].mean()) if mask.any() else 0.0
+        return batch, {**metrics, **times}
 
     def learn(self, batch: train.Batch, key: jax.Array) -> dict[str, float]:
         """The update phase on ``batch`` (minibatch order from ``key``); its metrics on the host."""
@@ -226,35 +238,97 @@ class Run:
         and one sample per prompt at the rollout temperature (``eval/sampled_accuracy``, what
         the RL objective optimises). The sampling keys depend only on the run's seed and the
         prompt's place in the held-out set (`EVAL_STREAM`), so evaluations of one run are
-        comparable across checkpoints and runs with other seeds draw other samples."""
-        c = self.cfg
-        task = (
-            self.task
-            if c.task.eval_path is None
-            else make_task(c.task.name, **{**c.task.options, "path": c.task.eval_path})
-        )
-        examples = data.eval_examples(task, num_examples=num_examples or c.task.eval_examples)
-        params = self.phases.sync_bf16(self.state.params)
-        rows = EVAL_BATCH // self.hosts  # this process's rows of every eval batch
-        greedy, sampled = [], []
-        for start in range(0, len(examples), EVAL_BATCH):
-            chunk = list(examples[start : start + EVAL_BATCH])
-            padded = chunk + [chunk[-1]] * (EVAL_BATCH - len(chunk))  # fixed shapes, no recompile
-            mine = padded[self.host * rows : (self.host + 1) * rows]
-            prompts, mask = self._encode_prompts(task, mine)
-            key = jax.random.fold_in(self.eval_key, start)  # this chunk's draws
-            for out, is_greedy in ((greedy, True), (sampled, False)):
-                ro = self._sample(
-                    self.phases.generate_bf16, params, prompts, mask, key, greedy=is_greedy
-                )
-                out.append(shd.all_rows(self._rewards(task, mine, ro))[: len(chunk)])
-        r, rs = np.concatenate(greedy), np.concatenate(sampled)
+        comparable across checkpoints and runs with other seeds draw other samples. Prompts go
+        in batches of `EVAL_BATCH` rows (fewer when there are fewer prompts, `_eval_batch`)."""
+        draws = self.evaluate_at_k(num_examples, k=1)  # greedy + sample 0: the same keys
+        r, rs = draws.greedy_rewards_N, draws.sample_rewards_NK[:, 0]
         return {
             "eval/accuracy": float((r >= 1.0).mean()),
             "eval/reward": float(r.mean()),
             "eval/sampled_accuracy": float((rs >= 1.0).mean()),
             "eval/examples": float(len(r)),
         }
+
+    def _eval_task(self, data_path: str | Path | None = None):
+        """The task evaluated on: ``data_path`` (a JSONL file of a gsm8k/math run), else the
+        config's ``task.eval_path``, else the run's task (its held-out split)."""
+        c = self.cfg
+        path = data_path or c.task.eval_path
+        if path is None:
+            return self.task
+        if not isinstance(self.task, FiniteTask):
+            raise ValueError(
+                f"--data {str(path)!r}: this run's task {c.task.name!r} is generated, so its "
+                "held-out set is a split of the generator, not a file; --data needs a run of a "
+                "file task (gsm8k, math)."
+            )
+        return make_task(c.task.name, **{**c.task.options, "path": str(path)})
+
+    def _eval_batch(self, num_examples: int) -> int:
+        """Rows per evaluation batch: `EVAL_BATCH`, or ``num_examples`` rounded up to a
+        multiple of the process count and of the mesh's data x fsdp rows when that is fewer
+        (a short evaluation pads less)."""
+        step = math.lcm(self.hosts, self.mesh.shape["data"] * self.mesh.shape["fsdp"])
+        return min(EVAL_BATCH, -(-num_examples // step) * step)
+
+    def evaluate_at_k(
+        self,
+        num_examples: int | None = None,
+        *,
+        k: int = 4,
+        temperature: float | None = None,
+        data_path: str | Path | None = None,
+    ) -> evaluation.Draws:
+        """Greedy and ``k`` sampled responses of the BF16 trainer policy to each held-out
+        prompt (``data_path``'s, else as `evaluate`), with their rewards, for
+        `evaluation.score_draws`. The prompts are `evaluate`'s (all of a ``data_path`` file
+        unless ``num_examples``), in batches of the same size, and sample 0 uses `evaluate`'s
+        keys: at the rollout temperature, the greedy rewards and sample 0's are those behind
+        ``eval/accuracy``, ``eval/reward`` and ``eval/sampled_accuracy``. Sample ``j > 0``
+        of a batch draws from ``fold_in(key, j)``. Sampling uses the rollout's top_k / top_p
+        and ``temperature`` (default: the rollout's). Every process returns every row."""
+        c, r = self.cfg, self.cfg.rollout
+        task = self._eval_task(data_path)
+        default = None if data_path is not None else c.task.eval_examples
+        examples = data.eval_examples(task, num_examples=num_examples or default)
+        temperature = r.temperature if temperature is None else temperature
+        params = self.phases.sync_bf16(self.state.params)
+        size = self._eval_batch(len(examples))
+        rows = size // self.hosts
+        greedy_texts, greedy_rewards, sample_texts, sample_rewards = [], [], [], []
+        for start in range(0, len(examples), size):
+            chunk = list(examples[start : start + size])
+            padded = chunk + [chunk[-1]] * (size - len(chunk))
+            prompts, mask = self._encode_prompts(task, padded[self.host * rows :][:rows])
+            key = jax.random.fold_in(self.eval_key, start)
+            texts = []
+            for j in range(-1, k):  # -1: greedy
+                draw_key = key if j <= 0 else jax.random.fold_in(key, j)
+                ro = self._sample(
+                    self.phases.generate_bf16,
+                    params,
+                    prompts,
+                    mask,
+                    draw_key,
+                    greedy=j < 0,
+                    temperature=temperature,
+                )
+                tokens, lengths, finished = shd.all_rows((ro.tokens, ro.lengths, ro.finished))
+                decoded = data.decode_responses(self.tokenizer, tokens, lengths - finished)
+                texts.append(decoded[: len(chunk)])
+            rewards = [data.score_responses(task, chunk, t) for t in texts]
+            greedy_texts += texts[0]
+            greedy_rewards.append(rewards[0])
+            sample_texts += [list(s) for s in zip(*texts[1:], strict=True)]
+            sample_rewards.append(np.stack(rewards[1:], axis=1))
+        return evaluation.Draws(
+            task=task,
+            examples=list(examples),
+            greedy_texts=greedy_texts,
+            greedy_rewards_N=np.concatenate(greedy_rewards),
+            sample_texts=sample_texts,
+            sample_rewards_NK=np.concatenate(sample_rewards),
+        )
 
     # -- checkpoints -----------------------------------------------------------------------------
     def save(self) -> None:

@@ -123,15 +123,82 @@ def test_train_into_a_finished_run_without_resume_is_refused(trained, config_fil
 
 
 def test_eval_of_a_finished_run_matches_its_summary(trained, capsys):
+    """`eval`'s greedy draws and first sample are the run's final evaluation's (same prompts,
+    batch and keys), so Run.evaluate's metrics come out equal; the default out file holds
+    one row per example."""
     capsys.readouterr()
     assert main(["eval", "--run", str(trained["out"])]) == 0
     result = json.loads(capsys.readouterr().out)
     summary = json.loads((trained["out"] / "summary.json").read_text())
-    assert {"eval/accuracy", "eval/reward", "eval/examples"} <= set(result)
-    for key, value in result.items():  # the same final weights, decoded with fixed keys
-        assert value == summary[key], key
-    assert main(["eval", "--run", str(trained["out"]), "--examples", "3"]) == 0
+    for key in ("eval/accuracy", "eval/reward", "eval/sampled_accuracy", "eval/examples"):
+        assert result[key] == summary[key], key
+    assert (result["k"], result["examples"], result["step"]) == (4, 8, 4)
+    assert result["temperature"] == 1.0 and result["confidence"] == 0.95
+    assert result["pass@1"]["value"] == summary["eval/accuracy"]
+    out = trained["out"] / "eval" / "step4-heldout-k4-t1.jsonl"
+    assert result["outputs"] == str(out)
+    assert len(out.read_text().splitlines()) == 8
+    assert main(["eval", "--run", str(trained["out"]), "--examples", "3", "--k", "1"]) == 0
     assert json.loads(capsys.readouterr().out)["eval/examples"] == 3
+
+
+def test_eval_at_k_rows_reproduce_the_printed_metrics(trained, tmp_path, capsys):
+    """pass@1, mean@k, maj@k and pass@k recomputed from the per-example JSONL (by NumPy and
+    an explicit vote) equal the printed ones; the intervals are Wilson / Student t."""
+    out = tmp_path / "rows.jsonl"
+    argv = ["eval", "--run", str(trained["out"]), "--k", "3", "--temperature", "1.5"]
+    capsys.readouterr()
+    assert main([*argv, "--out", str(out)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["temperature"] == 1.5 and result["outputs"] == str(out)
+    rows = [json.loads(ln) for ln in out.read_text().splitlines()]
+    assert len(rows) == result["examples"] == 8
+    greedy_N = np.array([r["greedy"]["correct"] for r in rows])
+    correct_NK = np.array([[s["correct"] for s in r["samples"]] for r in rows])
+    assert correct_NK.shape == (8, 3)
+    for r in rows:
+        assert r["prompt"] and r["ground_truth"] and isinstance(r["greedy"]["response"], str)
+        answers = [s["answer"] for s in r["samples"]]
+        votes = {a: answers.count(a) for a in answers if a is not None}
+        if not votes:
+            assert r["majority"] == {"answer": None, "votes": 0, "correct": False}
+            continue
+        top = max(votes.values())
+        first = next(a for a in answers if votes.get(a) == top)  # ties: sampled first
+        assert (r["majority"]["answer"], r["majority"]["votes"]) == (first, top)
+        assert r["majority"]["correct"] == r["samples"][answers.index(first)]["correct"]
+    maj_N = np.array([r["majority"]["correct"] for r in rows])
+    assert result["pass@1"]["value"] == greedy_N.mean()
+    assert result["mean@3"]["value"] == pytest.approx(correct_NK.mean(axis=1).mean(), abs=1e-12)
+    assert result["maj@3"]["value"] == maj_N.mean()
+    assert result["pass@3"]["value"] == correct_NK.any(axis=1).mean()
+    assert result["pass@1"]["interval"] == "wilson" and result["mean@3"]["interval"] == "t"
+    assert "Wilson" in result["intervals"]["maj@3"] and "t" in result["intervals"]["mean@3"]
+    for name in ("pass@1", "maj@3", "pass@3"):
+        assert result[name]["low"] <= result[name]["value"] <= result[name]["high"]
+
+
+@pytest.mark.parametrize(
+    "argv, fragments",
+    [
+        (["--k", "0"], ["--k 0", "[1, 2**31)"]),
+        (["--temperature", "0"], ["--temperature 0", "> 0"]),
+        (["--data", "/nonexistent.jsonl"], ["'/nonexistent.jsonl'", "not a file"]),
+    ],
+)
+def test_eval_option_errors(trained, capsys, argv, fragments):
+    assert main(["eval", "--run", str(trained["out"]), *argv]) == 2
+    line = error_line(capsys)
+    for fragment in fragments:
+        assert fragment in line, line
+
+
+def test_eval_data_needs_a_file_task(trained, tmp_path, capsys):
+    data = tmp_path / "test.jsonl"
+    data.write_text('{"question": "1+1?", "answer": "#### 2"}\n')
+    assert main(["eval", "--run", str(trained["out"]), "--data", str(data)]) == 2
+    line = error_line(capsys)
+    assert "'arithmetic' is generated" in line and "gsm8k, math" in line
 
 
 def test_sample_from_a_finished_run(trained, capsys):

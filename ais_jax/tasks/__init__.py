@@ -13,7 +13,9 @@ from ais_jax.tasks.answers import (
     answer_after_hashes,
     final_answer_text,
     final_number,
+    gsm8k_final_answer,
     last_boxed,
+    math_final_answer,
     parse_number,
 )
 from ais_jax.tasks.arithmetic import Arithmetic
@@ -51,6 +53,7 @@ __all__ = [
     "answer_after_hashes",
     "final_answer_text",
     "final_number",
+    "gsm8k_final_answer",
     "gsm8k_reward",
     "last_boxed",
     "latex_equivalent",
@@ -58,6 +61,7 @@ __all__ = [
     "load_jsonl",
     "load_math",
     "make_task",
+    "math_final_answer",
     "math_reward",
     "parse_expression",
     "parse_number",

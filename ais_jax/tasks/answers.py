@@ -16,6 +16,10 @@ holds several, the *last* one counts -- the rule of verl's reward functions
   and ``a/b`` are read as fractions. A number that is a root, exponent or subscript argument,
   or is followed by an operator, is not a stated answer (``\\sqrt{2}``, ``2^{10}`` and
   ``48 + 24`` state none);
+* :func:`gsm8k_final_answer` and :func:`math_final_answer`: a response's final answer as a
+  string that equal answers share (for maj@k votes, `ais_jax.evaluation`): GSM8K's number in
+  lowest terms (``18``, ``18.00`` and ``\\boxed{18 \\text{ apples}}`` are all ``"18"``), MATH's
+  last ``\\boxed{}`` content (compared by math-verify, not as a string);
 * :func:`parse_number`: a GSM8K ground truth (``"1,024"``, ``"-3"``, ``"0.5"``) as an exact
   :class:`fractions.Fraction`.
 
@@ -32,7 +36,9 @@ __all__ = [
     "answer_after_hashes",
     "final_answer_text",
     "final_number",
+    "gsm8k_final_answer",
     "last_boxed",
+    "math_final_answer",
     "parse_number",
 ]
 
@@ -121,6 +127,40 @@ def final_number(text: str) -> Fraction | None:
     except ZeroDivisionError:  # \frac{1}{0}, 1/0: no number
         return None
     return parse_number(match.group("plain"))
+
+
+def gsm8k_final_answer(response: str) -> str | None:
+    """The final answer of ``response`` as `gsm8k_reward` reads it: the stated number in lowest
+    terms (``str`` of a `fractions.Fraction`), else the stripped answer text without a trailing
+    period; None if there is no final answer.
+
+    >>> gsm8k_final_answer("#### 18.00 apples"), gsm8k_final_answer("\\\\boxed{\\\\frac{6}{4}}")
+    ('18', '3/2')
+    >>> gsm8k_final_answer("#### yes."), gsm8k_final_answer("18"), gsm8k_final_answer("#### ")
+    ('yes', None, None)
+    """
+    text = final_answer_text(response)
+    if text is None:
+        return None
+    number = final_number(text)
+    if number is not None:
+        return str(number)
+    return text.strip().removesuffix(".").strip() or None
+
+
+def math_final_answer(response: str) -> str | None:
+    """The content of ``response``'s last ``\\boxed{}`` (what `math_reward` judges), without
+    a trailing period; None if there is none or it is cut off.
+
+    >>> math_final_answer("so $\\\\boxed{\\\\frac{1}{2}.}$"), math_final_answer("1/2")
+    ('\\\\frac{1}{2}', None)
+    """
+    boxed = last_boxed(response)
+    if boxed is None:
+        return None
+    if boxed.endswith(".") and not boxed.endswith(".."):
+        boxed = boxed[:-1].rstrip()
+    return boxed or None
 
 
 def parse_number(text: str) -> Fraction | None:

@@ -105,6 +105,10 @@ class Arithmetic:
         found = final_integer(response)
         return float(found is not None and found == _normalize(example.answer))
 
+    def final_answer(self, response: str) -> str | None:
+        """The answer ``response`` states, as `reward` reads it (for maj@k votes)."""
+        return final_integer(response)
+
     def _operand(self, rng: random.Random) -> int:
         digits = rng.randint(self.min_digits, self.max_digits)
         low = 0 if digits == 1 else 10 ** (digits - 1)

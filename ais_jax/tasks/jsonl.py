@@ -17,7 +17,10 @@ By default there is no system prompt and the instruction is verl's for the datas
 template. Rewards: :func:`~ais_jax.tasks.rewards.gsm8k_reward` (the number after the last
 ``####`` or in the last ``\\boxed{}``) and :func:`~ais_jax.tasks.rewards.math_reward` (the last
 ``\\boxed{}``, judged by math-verify); :mod:`ais_jax.tasks.rewards` says which published recipe
-each matches.
+each matches. For maj@k votes a task's final answers are
+:func:`~ais_jax.tasks.answers.gsm8k_final_answer` (equal numbers vote together) and
+:func:`~ais_jax.tasks.answers.math_final_answer` (grouped by math-verify,
+:func:`~ais_jax.tasks.rewards.latex_equivalent`).
 
 Malformed lines (not UTF-8, invalid JSON, not an object, a missing or non-string key, a GSM8K
 answer without ``####``, a MATH solution without ``\\boxed{}``) are errors that name the file, the
@@ -33,16 +36,22 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import operator
 import pathlib
 import random
 import re
 import warnings
 from collections.abc import Callable
 
-from ais_jax.tasks.answers import answer_after_hashes, last_boxed
+from ais_jax.tasks.answers import (
+    answer_after_hashes,
+    gsm8k_final_answer,
+    last_boxed,
+    math_final_answer,
+)
 from ais_jax.tasks.base import Example
 from ais_jax.tasks.chat import ChatFormat
-from ais_jax.tasks.rewards import gsm8k_reward, math_reward
+from ais_jax.tasks.rewards import gsm8k_reward, latex_equivalent, math_reward
 
 __all__ = [
     "GSM8K_INSTRUCTION",
@@ -77,12 +86,17 @@ class JsonlTask:
         :func:`~ais_jax.tasks.rewards.gsm8k_reward`.
       chat: how the examples' ``messages`` were built; ``chat.template_kwargs`` (e.g.
         ``{"enable_thinking": False}``) go to the tokenizer's chat template with them.
+      extract: ``extract(response) -> str | None``, the final answer a response states (for
+        maj@k votes, `ais_jax.evaluation`); None: the stripped response.
+      equivalent: ``equivalent(a, b) -> bool`` on two extracted answers (default: ``==``).
     """
 
     name: str
     examples: tuple[Example, ...]
     verifier: Callable[[str, str], float]
     chat: ChatFormat = ChatFormat()
+    extract: Callable[[str], str | None] | None = None
+    equivalent: Callable[[str, str], bool] = operator.eq
 
     def __post_init__(self):
         object.__setattr__(self, "examples", tuple(self.examples))
@@ -94,6 +108,12 @@ class JsonlTask:
 
     def reward(self, example: Example, response: str) -> float:
         return self.verifier(response, example.answer)
+
+    def final_answer(self, response: str) -> str | None:
+        return self.extract(response) if self.extract else response.strip() or None
+
+    def same_answer(self, a: str, b: str) -> bool:
+        return bool(self.equivalent(a, b))
 
 
 def load_gsm8k(
@@ -112,7 +132,13 @@ def load_gsm8k(
         system_prompt=system_prompt, instruction=instruction, enable_thinking=enable_thinking
     )
     examples = load_jsonl(path, functools.partial(_gsm8k_example, chat=chat), on_error=on_error)
-    return JsonlTask(name=name, examples=examples, verifier=gsm8k_reward, chat=chat)
+    return JsonlTask(
+        name=name,
+        examples=examples,
+        verifier=gsm8k_reward,
+        chat=chat,
+        extract=gsm8k_final_answer,
+    )
 
 
 def load_math(
@@ -131,7 +157,14 @@ def load_math(
         system_prompt=system_prompt, instruction=instruction, enable_thinking=enable_thinking
     )
     examples = load_jsonl(path, functools.partial(_math_example, chat=chat), on_error=on_error)
-    return JsonlTask(name=name, examples=examples, verifier=math_reward, chat=chat)
+    return JsonlTask(
+        name=name,
+        examples=examples,
+        verifier=math_reward,
+        chat=chat,
+        extract=math_final_answer,
+        equivalent=latex_equivalent,
+    )
 
 
 def load_jsonl(
