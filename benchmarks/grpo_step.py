@@ -37,13 +37,13 @@ tunix's `GRPOLearner` is not run here yet (see benchmarks/README.md).
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import os
 import platform
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -57,6 +57,7 @@ RESULT_TAG = "GRPO_STEP_RESULT "
 ENGINES = ("ais_jax-bf16", "ais_jax-fp8", "trl")
 
 
+@functools.cache
 def _sampler_bench():
     """benchmarks/sampler.py (its model sizes, checkpoint writer and table printer)."""
     spec = importlib.util.spec_from_file_location("bench_sampler", HERE / "sampler.py")
@@ -311,18 +312,9 @@ def spawn(python: Path, worker: str, args, **extra) -> dict:
     cmd += ["--warmup", str(args.warmup), "--threads", str(args.threads)]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TOKENIZERS_PARALLELISM="false")
     env["PYTHONPATH"] = str(HERE.parent) + os.pathsep + env.get("PYTHONPATH", "")
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {args.timeout}s"}
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_TAG)]
-    if not lines:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-        return {"error": f"exit {proc.returncode}, no result: " + " | ".join(tail)[:400]}
-    result = json.loads(lines[-1][len(RESULT_TAG) :])
-    if "error" in result and args.verbose:
-        print(proc.stderr[-3000:], file=sys.stderr)
-    return result
+    return _sampler_bench().run_child(
+        cmd, env, timeout=args.timeout, verbose=args.verbose, tag=RESULT_TAG
+    )
 
 
 def cpu_model() -> str:

@@ -405,16 +405,24 @@ def spawn(
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TOKENIZERS_PARALLELISM="false")
     if worker == "ais_jax":  # the engine under test, imported from --ais-src (this checkout)
         env["PYTHONPATH"] = args.ais_src + os.pathsep + env.get("PYTHONPATH", "")
+    return run_child(cmd, env, timeout=args.timeout, verbose=args.verbose)
+
+
+def run_child(
+    cmd: list[str], env: dict, *, timeout: float, verbose: bool, tag: str = RESULT_TAG
+) -> dict:
+    """Run one worker process: its result is the JSON after ``tag`` on the last stdout line
+    that starts with it, else ``{"error": ...}`` (time-out, crash) with the stderr's tail."""
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {args.timeout}s"}
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_TAG)]
+        return {"error": f"timed out after {timeout}s"}
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(tag)]
     if not lines:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
         return {"error": f"exit {proc.returncode}, no result: " + " | ".join(tail)[:400]}
-    result = json.loads(lines[-1][len(RESULT_TAG) :])
-    if "error" in result and args.verbose:
+    result = json.loads(lines[-1][len(tag) :])
+    if "error" in result and verbose:
         print(proc.stderr[-3000:], file=sys.stderr)
     return result
 
