@@ -23,7 +23,7 @@ import math
 import numbers
 from collections.abc import Callable
 
-__all__ = ["choice", "number"]
+__all__ = ["choice", "number", "positive_int"]
 
 
 def number(name: str, value: object, ok: Callable[[float], bool], allowed: str) -> float:
@@ -42,4 +42,12 @@ def choice(name: str, value: object, allowed: tuple[str, ...]) -> str:
     """`value` if it is one of the strings `allowed`, else ValueError listing them."""
     if not isinstance(value, str) or value not in allowed:
         raise ValueError(f"{name}={value!r} is not one of the allowed values {allowed}")
+    return value
+
+
+def positive_int(name: str, value: object) -> int:
+    """`value` if it is an int (not a bool) > 0, else ValueError("{name} must be a positive
+    integer, got {value!r}.")."""
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}.")
     return value

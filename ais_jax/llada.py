@@ -52,6 +52,7 @@ import jax.numpy as jnp
 import numpy as np
 import safetensors.numpy
 
+from ais_jax import checks
 from ais_jax.hf import CheckpointError, _read_tensors, _weight_files, read_json_object
 from ais_jax.model import Params, attention, positions_from_mask, rms_norm, rope
 from ais_jax.quant import linear
@@ -93,9 +94,7 @@ class LLaDAConfig:
             "max_position_embeddings",
             "block_group_size",
         ):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"LLaDAConfig.{name} must be a positive integer, got {value!r}.")
+            checks.positive_int(f"LLaDAConfig.{name}", getattr(self, name))
         if self.hidden_size % self.num_heads or (self.hidden_size // self.num_heads) % 2:
             raise ValueError(
                 f"LLaDAConfig.hidden_size ({self.hidden_size}) must be num_heads "

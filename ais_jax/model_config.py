@@ -14,6 +14,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from ais_jax import checks
+
 ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen2ForCausalLM")
 
 
@@ -47,9 +49,7 @@ class ModelConfig:
             "intermediate_size",
             "max_position_embeddings",
         ):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"ModelConfig.{name} must be a positive integer, got {value!r}.")
+            checks.positive_int(f"ModelConfig.{name}", getattr(self, name))
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"ModelConfig.num_heads ({self.num_heads}) must be a multiple of num_kv_heads "

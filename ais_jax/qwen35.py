@@ -79,7 +79,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from ais_jax import quant
+from ais_jax import checks, quant
 from ais_jax.model import Params, attention, positions_from_mask, rope
 from ais_jax.quant import linear
 
@@ -138,9 +138,7 @@ class Qwen35Config:
 
     def __post_init__(self):
         for name in _POSITIVE_FIELDS:
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"Qwen35Config.{name} must be a positive integer, got {value!r}.")
+            checks.positive_int(f"Qwen35Config.{name}", getattr(self, name))
         object.__setattr__(self, "layer_types", tuple(self.layer_types))
         if len(self.layer_types) != self.num_layers:
             raise ValueError(
