@@ -160,13 +160,15 @@ def _read_tensors(files: Sequence[Path]) -> dict[str, np.ndarray]:
     return tensors
 
 
-def require_decoder(config: ModelConfig | Qwen35Config, path) -> ModelConfig:
-    """``config`` if the sampler and trainer run its family (Qwen3/Qwen2); a Qwen3.5 checkpoint
-    loads (`qwen35.forward` runs it) but cannot be sampled or trained yet: a clear error."""
-    if not isinstance(config, ModelConfig):
+def require_decoder(config: ModelConfig | Qwen35Config, path) -> ModelConfig | Qwen35Config:
+    """``config`` if the sampler and trainer run its family: Qwen3/Qwen2 (`ModelConfig`) and
+    Qwen3.5 (`Qwen35Config`, through `model.py`'s dispatch) both do, so this only rejects
+    what `read_config` never returns; kept so callers written when Qwen3.5 could not be
+    sampled keep working (they may drop the call)."""
+    if not isinstance(config, ModelConfig | Qwen35Config):
         raise CheckpointError(
-            f"{path} is a Qwen3.5 checkpoint: ais_jax loads it and runs its forward "
-            "(ais_jax.qwen35), but sampling and training support Qwen3/Qwen2 only so far."
+            f"{path}: model config of type {type(config).__name__}; the sampler and trainer run "
+            "Qwen3/Qwen2 (ModelConfig) and Qwen3.5 (Qwen35Config)."
         )
     return config
 

@@ -27,6 +27,12 @@ Two entry points share one layer function:
   `KVCache` and attends over it; a batched prefill and one-token decode steps are both this call.
 Positions come from the padding mask (left padding: position = number of earlier valid tokens).
 
+The same entry points take a Qwen3.5 config (`qwen35.Qwen35Config`): `init_params`,
+`param_shapes`, `forward`, `final_hidden`, `init_cache`, `forward_cached` and `unstack_layers`
+then run `qwen35.py`'s functions of the same name (`_family`), so the sampler, the trainer and
+the memory plan see one interface for both families. `head_logits` and `cast_params` are the
+same for both.
+
 Dimensions (the README's key): B rows, S sequence positions (a `forward`'s tokens; a KV cache's
 slots), V vocabulary, D model, L layers, H query heads, K kv heads, R = H // K, E head dim,
 F MLP; and Q: the query positions of one attention call (Q = S in `forward`; in
@@ -50,11 +56,28 @@ F32 = jnp.float32
 _MASKED = -0.7 * float(jnp.finfo(jnp.float32).max)  # finite: a fully masked row stays finite
 
 
+# ---- the model family -----------------------------------------------------------------------
+
+
+def _family(config):
+    """`qwen35` (the module) for a `qwen35.Qwen35Config`; None for a `ModelConfig` (or any
+    other config object, read as before by this module's own code). Imported here, not at the
+    top: qwen35.py builds on this module's functions."""
+    if isinstance(config, ModelConfig):
+        return None
+    from ais_jax import qwen35
+
+    return qwen35 if isinstance(config, qwen35.Qwen35Config) else None
+
+
 # ---- parameters ---------------------------------------------------------------------------------
 
 
 def init_params(config: ModelConfig, key: jax.Array, dtype=jnp.float32) -> Params:
-    """Random parameters (normal, std 0.02, as Hugging Face's initializer; norms at one)."""
+    """Random parameters (normal, std 0.02, as Hugging Face's initializer; norms at one);
+    `qwen35.init_params` for a Qwen3.5 config."""
+    if (family := _family(config)) is not None:
+        return family.init_params(config, key, dtype)
     c = config
     L, D, E, F = c.num_layers, c.hidden_size, c.head_dim, c.intermediate_size
     HE, KE = c.num_heads * E, c.num_kv_heads * E
@@ -206,17 +229,26 @@ def _layer_params(params: Params, i: int) -> Params:
     return jax.tree_util.tree_map(lambda a: a[i], layers)
 
 
-def unstack_layers(params: Params) -> Params:
+def unstack_layers(params: Params, config: ModelConfig | None = None) -> Params:
     """``params`` with ``layers`` as a list of per-layer trees instead of stacked arrays.
 
     The model accepts either form. Inside a loop (the sampler's decode loop) unstacking once,
     before the loop, saves XLA from slicing every stacked weight again at every step; it costs
-    one copy of the layer weights for as long as the unstacked tree lives.
+    one copy of the layer weights for as long as the unstacked tree lives. A Qwen3.5 tree
+    (stacked per layer kind) needs its ``config`` (`qwen35.unstack_layers`).
     """
+    if config is not None and (family := _family(config)) is not None:
+        return family.unstack_layers(params, config)
     layers = params["layers"]
     if isinstance(layers, list | tuple):
         return params
-    num_layers = jax.tree_util.tree_leaves(layers)[0].shape[0]
+    lengths = {x.shape[0] for x in jax.tree_util.tree_leaves(layers)}
+    if len(lengths) > 1:
+        raise ValueError(
+            f"unstack_layers: stacked layer arrays of different lengths {sorted(lengths)} (a "
+            "Qwen3.5 tree, stacked per layer kind?); pass its config."
+        )
+    num_layers = lengths.pop()
     return {**params, "layers": [_layer_params(params, i) for i in range(num_layers)]}
 
 
@@ -258,6 +290,8 @@ def forward(
     Padded positions give finite values that no valid position depends on. With
     ``return_hidden`` the last layer's output ``[B, S, D]`` instead (before the final norm).
     """
+    if (family := _family(config)) is not None:
+        return family.forward(params, config, tokens_BS, mask_BS, return_hidden=return_hidden)
     mask_BS = _valid(tokens_BS, mask_BS)
     x_BSD = _decoder(params, config, tokens_BS, mask_BS)
     if return_hidden:
@@ -271,6 +305,8 @@ def final_hidden(
     """The final-normed hidden states ``[B, S, D]`` (compute dtype) of a left-padded batch:
     ``forward(...) == head_logits(params, final_hidden(...), mask_BS)``, so a caller can apply
     the LM head to a few positions at a time instead of holding all ``[B, S, V]`` logits."""
+    if (family := _family(config)) is not None:
+        return family.final_hidden(params, config, tokens_BS, mask_BS)
     mask_BS = _valid(tokens_BS, mask_BS)
     x_BSD = _decoder(params, config, tokens_BS, mask_BS)
     return rms_norm(x_BSD, params["final_norm"], config.rms_norm_eps)
@@ -320,7 +356,11 @@ def init_cache(
 ) -> KVCache:
     """An empty cache of S = ``max_len`` slots per row: keys in ``dtype`` (the model's compute
     dtype), values in ``value_dtype`` (default ``dtype``; a wider one holds the same values,
-    as `attention` rounds to the compute dtype)."""
+    as `attention` rounds to the compute dtype). For a Qwen3.5 config `qwen35.init_cache`
+    (a `qwen35.HybridCache`: this cache for its attention layers, a recurrent state for each
+    linear-attention layer)."""
+    if (family := _family(config)) is not None:
+        return family.init_cache(config, batch, max_len, dtype, value_dtype)
     L, K, E = config.num_layers, config.num_kv_heads, config.head_dim
     value_dtype = dtype if value_dtype is None else value_dtype
     return KVCache(
@@ -360,7 +400,10 @@ def forward_cached(
 
     ``mask_BQ`` marks real tokens (left padding in a prefill; finished rows in a decode step):
     unmasked tokens are neither attended to later nor counted in activation scales.
+    For a Qwen3.5 config it is `qwen35.forward_cached` (its cache a `qwen35.HybridCache`).
     """
+    if (family := _family(config)) is not None:
+        return family.forward_cached(params, config, tokens_BQ, cache, mask_BQ, last_only=last_only)
     B, Q = tokens_BQ.shape
     if mask_BQ is None:
         mask_BQ = jnp.ones((B, Q), bool)

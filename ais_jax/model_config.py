@@ -266,3 +266,28 @@ PRESETS = {
     "tiny": "tiny",
     "small": "small",
 }
+
+
+def preset_names() -> list[str]:
+    """Every model preset name `preset` resolves: Qwen3's and Qwen3.5's."""
+    from ais_jax import qwen35  # here: qwen35.py imports model.py, which imports this module
+
+    names = [k.replace("_", "-").replace("0p6", "0.6").replace("1p7", "1.7") for k in PRESETS]
+    return names + list(qwen35.PRESETS)
+
+
+def preset(name: str, **overrides: Any):
+    """The model config of a preset name with field overrides: a `ModelConfig` for the Qwen3
+    presets (`ModelConfig.preset`), a `qwen35.Qwen35Config` for a Qwen3.5 one
+    (``"qwen3.5-9b"``, ``"qwen3.5-tiny"``; `qwen35.Qwen35Config.preset`). The one function a
+    caller that builds a model from a name needs."""
+    from ais_jax import qwen35
+
+    if name.lower().replace("_", "-") in qwen35.PRESETS:
+        return qwen35.Qwen35Config.preset(name, **overrides)
+    try:
+        return ModelConfig.preset(name, **overrides)
+    except ValueError:
+        raise ValueError(
+            f"Unknown model preset {name!r}; valid presets: {preset_names()}."
+        ) from None

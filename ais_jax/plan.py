@@ -10,6 +10,13 @@ same table and presets as the real run (`sharding.partition_spec`):
     bf16 copy     the trainer's compute copy (`cast_params`)   TRAIN
     FP8 copy      the rollout weights (`quantize_fp8`)         ROLLOUT (tensor only)
     KV cache      bfloat16, batch x seq, rows over data x fsdp ROLLOUT
+    linear state  Qwen3.5 only: per Gated DeltaNet layer the   ROLLOUT
+                  float32 conv state [batch, X-1, W] and
+                  recurrent state [batch, U, I, O] (no seq)
+
+A Qwen3.5 model (`qwen35.Qwen35Config`, ``--model qwen3.5-9b``) has a KV cache for its
+full-attention layers only; its linear-attention layers carry the fixed-size state instead
+(`qwen35.HybridCache`), whatever the sequence length.
 
 Params and optimizer state stay resident through the whole step; the training phase adds
 gradients and the bf16 copy, the rollout phase adds the FP8 copy and the KV cache. Activations
@@ -60,8 +67,9 @@ from ais_jax import sharding as shd
 from ais_jax.config import MeshConfig, OptimConfig
 from ais_jax.llada import LLaDAConfig
 from ais_jax.model import cast_params, init_cache, init_params
-from ais_jax.model_config import ModelConfig
+from ais_jax.model_config import ModelConfig, preset
 from ais_jax.quant import quantize_fp8
+from ais_jax.qwen35 import Qwen35Config
 from ais_jax.train import make_optimizer
 
 GIB = 1024**3
@@ -105,13 +113,14 @@ def _total_bytes(tree) -> int:
     return sum(np.dtype(x.dtype).itemsize * math.prod(x.shape) for x in jax.tree.leaves(tree))
 
 
-def resolve_model(name: str) -> ModelConfig | LLaDAConfig:
-    """A Qwen-style preset (`ModelConfig.preset`) or a diffusion preset (`DIFFUSION_PRESETS`)."""
+def resolve_model(name: str) -> ModelConfig | Qwen35Config | LLaDAConfig:
+    """A Qwen3 or Qwen3.5 preset (`model_config.preset`) or a diffusion preset
+    (`DIFFUSION_PRESETS`)."""
     key = name.lower().replace("_", "-")
     if key in DIFFUSION_PRESETS:
         return DIFFUSION_PRESETS[key]()
     try:
-        return ModelConfig.preset(name)
+        return preset(name)
     except ValueError as e:
         raise ValueError(
             f"{str(e).rstrip('.')}; diffusion presets: {list(DIFFUSION_PRESETS)}."
@@ -178,7 +187,11 @@ def plan_memory(
     }
     if not diffusion:
         cache = jax.eval_shape(lambda: init_cache(config, batch, seq, jnp.bfloat16))
-        trees["kv_cache"] = (f"KV cache (bf16, {batch} x {seq})", "rollout", cache)
+        kv = cache.attention if isinstance(config, Qwen35Config) else cache
+        trees["kv_cache"] = (f"KV cache (bf16, {batch} x {seq})", "rollout", kv)
+    if isinstance(config, Qwen35Config):
+        label = f"linear-attn state (f32, {batch} rows)"
+        trees["linear_state"] = (label, "rollout", cache.linear)
     rules = {"train": shd.TRAIN, "rollout": shd.ROLLOUT}
     rows = {
         key: Row(label, layout, _total_bytes(tree), device_bytes(tree, rules[layout], sizes))
@@ -200,8 +213,9 @@ def format_table(rows: dict[str, Row], title: str) -> str:
     b = {key: row.device_bytes for key, row in rows.items()}
     resident = b["params"] + b["optimizer"]
     diffusion = "activations" in rows
-    rollout = b["activations"] if diffusion else b["kv_cache"]
+    rollout = b["activations"] if diffusion else b["kv_cache"] + b.get("linear_state", 0)
     rollout_name = "activations" if diffusion else "KV cache"
+    rollout_name += " + linear state" if "linear_state" in b else ""
     peaks = [
         ("resident: params + optimizer", resident),
         ("train peak: + gradients + bf16 copy", resident + b["gradients"] + b["bf16"]),

@@ -74,6 +74,10 @@ FORMATS: dict[str, Format] = {
 
 # Parameter names of the linear weights the rollout copy quantizes (model.py's naming).
 LINEAR_WEIGHTS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# Qwen3.5's Gated DeltaNet projections (`qwen35.py`); names no Qwen3 layer has.
+LINEAR_ATTENTION_WEIGHTS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj")
+# Every per-layer matmul weight of either family: what the rollout copy quantizes.
+PROJECTIONS = LINEAR_WEIGHTS + LINEAR_ATTENTION_WEIGHTS
 
 
 def get_format(name: str) -> Format:
@@ -216,18 +220,18 @@ def quantize_params(
     act_scaling: str = "tensor",
     lm_head: bool = False,
 ) -> dict[str, Any]:
-    """The rollout copy of trainer params: every linear weight of every layer becomes a
-    `QArray`; embeddings, norms and biases stay bfloat16. ``lm_head=True`` also quantizes the
-    output projection (a separate quantized copy when embeddings are tied)."""
+    """The rollout copy of trainer params: every linear weight of every layer (`PROJECTIONS`:
+    Qwen3's, and Qwen3.5's Gated DeltaNet ``in_proj_qkv/z/b/a``, ``out_proj``) becomes a
+    `QArray`; embeddings, norms, biases, and Qwen3.5's conv and decay parameters stay
+    bfloat16. ``lm_head=True`` also quantizes the output projection (a separate quantized copy
+    when embeddings are tied)."""
     get_format(fmt)
     if act_scaling not in ACT_SCALINGS:
         raise ValueError(f"act_scaling={act_scaling!r}; valid values: {list(ACT_SCALINGS)}.")
     bf16 = lambda a: jnp.asarray(a).astype(jnp.bfloat16)  # noqa: E731
     out = {k: bf16(v) for k, v in params.items() if k != "layers"}
     out["layers"] = {
-        name: (
-            quantize_weight(w, fmt, act_scaling=act_scaling) if name in LINEAR_WEIGHTS else bf16(w)
-        )
+        name: (quantize_weight(w, fmt, act_scaling=act_scaling) if name in PROJECTIONS else bf16(w))
         for name, w in params["layers"].items()
     }
     if lm_head:

@@ -50,6 +50,12 @@ unchanged, so nothing of a pad leaks into later tokens. (transformers zeroes the
 of pads, which leaves a zero state zero; on a left-padded batch from an empty state the two
 agree.) `linear_attention_step` leaves a masked row's conv and recurrent states untouched.
 
+Decoding (`init_cache` / `forward_cached`, which `model.init_cache` / `model.forward_cached`
+and so the sampler reach for a `Qwen35Config`): a `HybridCache` holds the KV cache of the
+full-attention layers and, per linear-attention layer, a `LinearState` (float32 conv and
+recurrent state) instead of a KV cache: a prefill runs the chunked rule from it and keeps the
+state after its last token; a decode step is `linear_attention_step`.
+
 Parameters: a dict like `model.py`'s, whose ``layers`` arrays are stacked per layer kind, in
 the Hugging Face ``[out, in]`` layout (L layers, La = full-attention layers, Ll = linear ones):
 
@@ -80,7 +86,16 @@ import jax.numpy as jnp
 from flax import struct
 
 from ais_jax import checks, quant
-from ais_jax.model import Params, attention, positions_from_mask, rope
+from ais_jax.model import (
+    KVCache,
+    Params,
+    _cache_layout,
+    _write_slots,
+    attention,
+    head_logits,
+    positions_from_mask,
+    rope,
+)
 from ais_jax.quant import linear
 
 F32 = jnp.float32
@@ -88,7 +103,7 @@ LAYER_TYPES = ("linear_attention", "full_attention")
 ARCHITECTURE = "Qwen3_5ForCausalLM"
 MODEL_TYPES = ("qwen3_5_text", "qwen3_5")
 # Linear weights of the linear-attention layers (quant.LINEAR_WEIGHTS has the others).
-LINEAR_ATTENTION_WEIGHTS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj")
+LINEAR_ATTENTION_WEIGHTS = quant.LINEAR_ATTENTION_WEIGHTS
 _ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")
 _LINEAR = LINEAR_ATTENTION_WEIGHTS + ("conv_weight", "a_log", "dt_bias", "linear_norm")
 _POSITIVE_FIELDS = (
@@ -221,6 +236,53 @@ class Qwen35Config:
             max_position_embeddings=4096,
         )
 
+    @classmethod
+    def qwen3p5_9b(cls) -> Qwen35Config:
+        """Qwen3.5-9B's text model (about 8.95B parameters with its untied 248,320-id head).
+        The numbers are transformers' `Qwen3_5TextConfig` defaults (configuration_qwen3_5.py,
+        whose docstring names them "the Qwen3.5-9B style configuration"): 32 layers, every
+        fourth full attention (``full_attention_interval`` 4), D 4096, F 12288, 16 query / 4 kv
+        heads of 256, 16 key / 32 value linear heads of 128, conv kernel 4, partial rotary
+        0.25; rope_theta 10,000 and 32,768 positions are that class's defaults too (neither
+        changes a memory plan)."""
+        return cls(
+            vocab_size=248_320,
+            hidden_size=4096,
+            num_layers=32,
+            num_heads=16,
+            num_kv_heads=4,
+            head_dim=256,
+            intermediate_size=12_288,
+            layer_types=interleaved_layer_types(32),
+            linear_num_key_heads=16,
+            linear_num_value_heads=32,
+            linear_key_head_dim=128,
+            linear_value_head_dim=128,
+            linear_conv_kernel=4,
+            partial_rotary_factor=0.25,
+            rope_theta=10_000.0,
+            tie_embeddings=False,
+            max_position_embeddings=32_768,
+        )
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> Qwen35Config:
+        """A preset of `PRESETS` by name (``"qwen3.5-9b"``, ``"qwen3.5-tiny"``) with field
+        overrides. Overriding ``num_layers`` without ``layer_types`` gives the family's
+        pattern (`interleaved_layer_types`) for the new depth."""
+        key = name.lower().replace("_", "-")
+        if key not in PRESETS:
+            raise ValueError(f"Unknown Qwen3.5 preset {name!r}; valid presets: {list(PRESETS)}.")
+        base = getattr(cls, PRESETS[key])()
+        unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(
+                f"Qwen3.5 preset {name!r}: unknown field(s) {unknown} (Qwen3-only settings?)."
+            )
+        if "num_layers" in overrides and "layer_types" not in overrides:
+            overrides["layer_types"] = interleaved_layer_types(overrides["num_layers"])
+        return dataclasses.replace(base, **overrides)
+
     # ---- Hugging Face config.json ----
     @classmethod
     def from_hf_dict(cls, hf: Mapping[str, Any], *, source: str = "config.json") -> Qwen35Config:
@@ -257,11 +319,7 @@ class Qwen35Config:
         layers = text["num_hidden_layers"]
         layer_types = text.get("layer_types")
         if layer_types is None:
-            interval = text.get("full_attention_interval", 4)
-            layer_types = [
-                "full_attention" if (i + 1) % interval == 0 else "linear_attention"
-                for i in range(layers)
-            ]
+            layer_types = interleaved_layer_types(layers, text.get("full_attention_interval", 4))
         heads = text["num_attention_heads"]
         return cls(
             vocab_size=text["vocab_size"],
@@ -317,6 +375,20 @@ class Qwen35Config:
             "torch_dtype": dtype,
             "dtype": dtype,
         }
+
+
+# Presets by name (`Qwen35Config.preset`; `model_config.preset` resolves them too). Only sizes
+# with a published config: see each constructor's docstring for where its numbers come from.
+PRESETS = {"qwen3.5-9b": "qwen3p5_9b", "qwen3.5-tiny": "tiny"}
+
+
+def interleaved_layer_types(num_layers: int, interval: int = 4) -> tuple[str, ...]:
+    """Qwen3.5's layer pattern: every ``interval``-th layer full attention, the rest Gated
+    DeltaNet (transformers' default for a config without ``layer_types``)."""
+    return tuple(
+        "full_attention" if (i + 1) % interval == 0 else "linear_attention"
+        for i in range(num_layers)
+    )
 
 
 # ---- parameters -----------------------------------------------------------------------------
@@ -400,16 +472,10 @@ def quantize_params(
     act_scaling: str = "tensor",
     lm_head: bool = False,
 ) -> dict[str, Any]:
-    """The rollout copy: `quant.quantize_params`, plus the linear-attention projections
-    (``in_proj_qkv/z/b/a``, ``out_proj``) as `QArray`s. Conv, decay parameters and norms stay
-    bfloat16 (and compute in float32)."""
-    out = quant.quantize_params(params, fmt, act_scaling=act_scaling, lm_head=lm_head)
-    extra = {
-        name: quant.quantize_weight(w, fmt, act_scaling=act_scaling)
-        for name, w in params["layers"].items()
-        if name in LINEAR_ATTENTION_WEIGHTS and not isinstance(w, quant.QArray)
-    }
-    return {**out, "layers": {**out["layers"], **extra}}
+    """The rollout copy: `quant.quantize_params`, which quantizes the linear-attention
+    projections (``in_proj_qkv/z/b/a``, ``out_proj``, in `quant.PROJECTIONS`) with the others.
+    Conv, decay parameters and norms stay bfloat16 (and compute in float32)."""
+    return quant.quantize_params(params, fmt, act_scaling=act_scaling, lm_head=lm_head)
 
 
 def layer_indices(config: Qwen35Config, name: str) -> tuple[int, ...]:
@@ -478,7 +544,10 @@ def _partial_rope(x_BSHE: jax.Array, positions_BS: jax.Array, c: Qwen35Config) -
 # ---- gated attention ------------------------------------------------------------------------
 
 
-def _gated_attention(lp, c: Qwen35Config, h_BSD, positions_BS, mask_BS, allowed_BSS):
+def _gated_attention(lp, c: Qwen35Config, h_BSD, positions_BS, mask_BS, allowed_BSS, kv=None):
+    """Gated attention of S queries; ``kv(k_BSKE, v_BSKE) -> (k_BKXE, v_BKEX)`` gives the X
+    keys/values attended over (default: these S in `model.attention`'s layouts; a decode step
+    writes them into its KV cache and returns the cache), ``allowed_BSS`` is then ``[B, S, X]``."""
     B, S, _ = h_BSD.shape
     H, K, E = c.num_heads, c.num_kv_heads, c.head_dim
     qg = linear(h_BSD, lp["q_proj"], row_mask=mask_BS).reshape(B, S, H, 2 * E)
@@ -487,9 +556,8 @@ def _gated_attention(lp, c: Qwen35Config, h_BSD, positions_BS, mask_BS, allowed_
     v_BSKE = linear(h_BSD, lp["v_proj"], row_mask=mask_BS).reshape(B, S, K, E)
     q_BSHE = _partial_rope(rms_norm(q_BSHE, lp["q_norm"], c.rms_norm_eps), positions_BS, c)
     k_BSKE = _partial_rope(rms_norm(k_BSKE, lp["k_norm"], c.rms_norm_eps), positions_BS, c)
-    out_BSX = attention(
-        q_BSHE, k_BSKE.transpose(0, 2, 1, 3), v_BSKE.transpose(0, 2, 3, 1), allowed_BSS
-    )
+    k_BKXE, v_BKEX = (kv or _cache_layout)(k_BSKE, v_BSKE)
+    out_BSX = attention(q_BSHE, k_BKXE, v_BKEX, allowed_BSS)
     gated = out_BSX * jax.nn.sigmoid(gate_BSHE.reshape(B, S, H * E))
     return linear(gated, lp["o_proj"], row_mask=mask_BS)
 
@@ -738,5 +806,128 @@ def forward(
     if return_hidden:
         return x_BSD
     x_BSD = rms_norm(x_BSD, params["final_norm"], c.rms_norm_eps)
-    head = params.get("lm_head", params["embed"])
-    return linear(x_BSD, head, row_mask=mask_BS, out_dtype=F32)
+    return head_logits(params, x_BSD, mask_BS)
+
+
+def final_hidden(
+    params: Params,
+    config: Qwen35Config,
+    tokens_BS: jax.Array,
+    mask_BS: jax.Array | None = None,
+    *,
+    chunk_size: int = 64,
+) -> jax.Array:
+    """The final-normed hidden states ``[B, S, D]``: ``forward(...) == model.head_logits(params,
+    final_hidden(...), mask_BS)`` (the split `model.final_hidden` documents)."""
+    x_BSD = forward(params, config, tokens_BS, mask_BS, return_hidden=True, chunk_size=chunk_size)
+    return rms_norm(x_BSD, params["final_norm"], config.rms_norm_eps)
+
+
+# ---- decoding: the KV cache of the attention layers and the state of the linear ones ---------
+
+
+@struct.dataclass
+class HybridCache:
+    """What a Qwen3.5 decode step reads and writes: ``attention``, a `model.KVCache` whose k/v
+    tuples hold the La full-attention layers (in layer order; its ``valid``, ``next_pos`` and
+    ``index`` serve every layer), and ``linear``, one `LinearState` per linear-attention layer
+    (Ll of them, float32: the X-1 last conv inputs ``[B, X-1, W]`` and the delta-rule state
+    ``[B, U, I, O]``). The recurrent state replaces the KV cache of a linear layer: its size
+    does not grow with the sequence."""
+
+    attention: KVCache
+    linear: tuple[LinearState, ...]
+
+
+def init_cache(
+    config: Qwen35Config, batch: int, max_len: int, dtype=jnp.bfloat16, value_dtype=None
+) -> HybridCache:
+    """An empty cache (`model.init_cache`'s signature): S = ``max_len`` KV slots per row for
+    each attention layer, keys in ``dtype``, values in ``value_dtype`` (default ``dtype``), and
+    zero float32 states (the state before any token) for each linear-attention layer."""
+    c = config
+    K, E = c.num_kv_heads, c.head_dim
+    value_dtype = dtype if value_dtype is None else value_dtype
+    attention_layers = range(len(c.attention_layers))
+    kv = KVCache(
+        k=tuple(jnp.zeros((batch, K, max_len, E), dtype) for _ in attention_layers),
+        v=tuple(jnp.zeros((batch, K, E, max_len), value_dtype) for _ in attention_layers),
+        valid=jnp.zeros((batch, max_len), bool),
+        next_pos=jnp.zeros((batch,), jnp.int32),
+        index=jnp.zeros((), jnp.int32),
+    )
+    return HybridCache(
+        attention=kv, linear=tuple(init_linear_state(c, batch) for _ in c.linear_layers)
+    )
+
+
+def forward_cached(
+    params: Params,
+    config: Qwen35Config,
+    tokens_BQ: jax.Array,
+    cache: HybridCache,
+    mask_BQ: jax.Array | None = None,
+    *,
+    last_only: bool = False,
+    chunk_size: int = 64,
+) -> tuple[jax.Array, HybridCache]:
+    """`model.forward_cached` for Qwen3.5: append the Q tokens ``tokens_BQ`` and return their
+    float32 logits ``[B, Q, V]`` (``[B, 1, V]`` with ``last_only``) and the new cache.
+
+    Attention layers write their keys/values into the cache's slots and attend over it, as
+    Qwen3's. Linear-attention layers continue from their `LinearState`: a prefill (Q > 1, left
+    padded) runs the chunked delta rule (`linear_attention`) from the stored state and keeps
+    the state after its last token; a decode step (Q = 1) is `linear_attention_step`. Tokens
+    with ``mask_BQ == False`` (left padding; finished rows in a decode step) leave every state
+    as it was and are never attended to. Tokens after the first call must be Q = 1 steps or
+    fully valid rows (a masked token inside a row after real ones would zero its conv input
+    but still shift the conv window)."""
+    c = config
+    B, Q = tokens_BQ.shape
+    mask_BQ = jnp.ones((B, Q), bool) if mask_BQ is None else mask_BQ.astype(bool)
+    kv = cache.attention
+    S = kv.valid.shape[1]
+    start = kv.index
+    positions_BQ = positions_from_mask(mask_BQ, kv.next_pos)
+    valid_BS = jax.lax.dynamic_update_slice(kv.valid, mask_BQ, (0, start))
+    slot_S = jnp.arange(S)
+    allowed_BQS = valid_BS[:, None, :] & (slot_S[None, :] <= start + jnp.arange(Q)[:, None])[None]
+    k_cache, v_cache, states = list(kv.k), list(kv.v), list(cache.linear)
+    x_BQD = jnp.take(params["embed"], tokens_BQ, axis=0)
+    for i in range(c.num_layers):
+        lp, j = _layer_params(params, c, i), c.kind_index[i]
+        h_BQD = rms_norm(x_BQD, lp["input_norm"], c.rms_norm_eps)
+        if c.layer_types[i] == "full_attention":
+
+            def write(k_BQKE, v_BQKE, j=j):
+                k_BKQE, v_BKEQ = _cache_layout(k_BQKE, v_BQKE)
+                k_cache[j] = _write_slots(k_cache[j], k_BKQE, (0, 0, start, 0))
+                v_cache[j] = _write_slots(v_cache[j], v_BKEQ, (0, 0, 0, start))
+                return k_cache[j], v_cache[j]
+
+            mixed = _gated_attention(lp, c, h_BQD, positions_BQ, mask_BQ, allowed_BQS, write)
+        elif Q == 1:
+            mixed_BD, states[j] = linear_attention_step(
+                lp, c, h_BQD[:, 0], mask_BQ[:, 0], states[j]
+            )
+            mixed = mixed_BD[:, None]
+        else:
+            mixed, states[j] = linear_attention(
+                lp, c, h_BQD, mask_BQ, states[j], chunk_size=chunk_size
+            )
+        x_BQD = x_BQD + mixed
+        x_BQD = x_BQD + _mlp(lp, rms_norm(x_BQD, lp["post_norm"], c.rms_norm_eps), mask_BQ)
+    x_BQD = rms_norm(x_BQD, params["final_norm"], c.rms_norm_eps)
+    row_mask_BQ = mask_BQ
+    if last_only:
+        x_BQD, row_mask_BQ = x_BQD[:, -1:], mask_BQ[:, -1:]
+    new_kv = KVCache(
+        k=tuple(k_cache),
+        v=tuple(v_cache),
+        valid=valid_BS,
+        next_pos=kv.next_pos + mask_BQ.sum(-1, dtype=jnp.int32),
+        index=start + Q,
+    )
+    return head_logits(params, x_BQD, row_mask_BQ), HybridCache(
+        attention=new_kv, linear=tuple(states)
+    )

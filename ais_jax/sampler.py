@@ -9,6 +9,12 @@ recompile. The params may be the BF16 trainer tree or its quantized rollout copy
 once per weight sync (the loop's weight layout). Tokens are drawn with a two-level Gumbel-max
 (`_draw`): exactly softmax(filtered logits), with noise for N + C values per row, not V.
 
+The model is Qwen3/Qwen2 (`model.py`) or Qwen3.5 (`qwen35.py`): `model.forward_cached` and
+`model.init_cache` dispatch on the config's type, and a Qwen3.5 cache carries, next to the KV
+cache of its attention layers, each linear-attention layer's conv and float32 recurrent state
+(`qwen35.HybridCache`): the prefill leaves them after the prompt (chunked delta rule), each
+decode step advances them by one token, and padding and finished rows leave them untouched.
+
 Dimensions: B rows, P prompt length (left padded), T response length (``max_new_tokens``),
 S = P + T KV-cache slots, V vocabulary, N vocabulary blocks of C = 128 ids (`_draw`),
 M end-of-sequence ids.
@@ -69,7 +75,8 @@ from ais_jax.model import (
     unstack_layers,
 )
 from ais_jax.model_config import ModelConfig
-from ais_jax.quant import LINEAR_WEIGHTS, InOut, QArray
+from ais_jax.quant import PROJECTIONS, InOut, QArray
+from ais_jax.qwen35 import Qwen35Config
 
 
 @struct.dataclass
@@ -128,14 +135,47 @@ def filter_logits(logits_BV: jax.Array, top_k: jax.Array, top_p: jax.Array) -> j
     )
 
 
-def _sort_filter(logits_BV: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
-    sorted_BV = -jnp.sort(-logits_BV, axis=-1)
-    rank_BV = jax.lax.broadcasted_iota(jnp.int32, sorted_BV.shape, sorted_BV.ndim - 1)
-    sorted_BV = jnp.where(rank_BV < top_k, sorted_BV, -jnp.inf)
-    probs_BV = jax.nn.softmax(sorted_BV, axis=-1)
-    mass_before_BV = jnp.cumsum(probs_BV, axis=-1) - probs_BV
-    keep_BV = (mass_before_BV < top_p) & (rank_BV < top_k)
-    threshold_B1 = jnp.min(jnp.where(keep_BV, sorted_BV, jnp.inf), axis=-1, keepdims=True)
+def _sort_filter(
+    logits_BV: jax.Array, top_k: jax.Array, top_p: jax.Array, candidates: int = 1024
+) -> jax.Array:
+    """`filter_logits` for ``top_k > 1``: in descending order s_0 >= s_1 >= ..., rank i is kept
+    iff i < top_k and sum_{j < i} p_j < top_p (always when ``top_p >= 1``, where float32
+    masses may round up to 1 before the last rank), p_j = exp(s_j - s_0) / Z with Z the sum
+    over the ``top_k`` ranks; every logit >= the smallest kept s_i stays (ties included).
+
+    The kept ranks are a prefix, so they come from the ``candidates`` largest logits
+    (`jax.lax.top_k`, C = min(V, candidates)) whenever every row's prefix ends inside them:
+    ``top_k <= C`` (Z is then a sum over the C), or ``top_k = V`` (Z over the whole row) and
+    the C largest hold at least ``top_p`` of the mass. Otherwise the whole vocabulary is sorted
+    (`lax.cond`): at V = 151,936 on CPU a sort of the rows costs seconds, the top-C a tenth
+    of a second. Both paths keep the same set (up to float rounding of the masses, summed in
+    another order).
+    """
+    V = logits_BV.shape[-1]
+    C = min(V, candidates)
+
+    def threshold(sorted_BC, rank_BC, Z_B1):
+        probs_BC = jnp.exp(sorted_BC - sorted_BC[:, :1]) / Z_B1
+        cum_BC = jnp.cumsum(probs_BC, axis=-1)
+        keep_BC = ((cum_BC - probs_BC < top_p) | (top_p >= 1.0)) & (rank_BC < top_k)
+        threshold_B1 = jnp.min(jnp.where(keep_BC, sorted_BC, jnp.inf), axis=-1, keepdims=True)
+        return threshold_B1, cum_BC[:, -1]
+
+    def sorted_threshold():
+        sorted_BV = -jnp.sort(-logits_BV, axis=-1)
+        rank_BV = jax.lax.broadcasted_iota(jnp.int32, sorted_BV.shape, 1)
+        sorted_BV = jnp.where(rank_BV < top_k, sorted_BV, -jnp.inf)
+        Z_B1 = jnp.sum(jnp.exp(sorted_BV - sorted_BV[:, :1]), axis=-1, keepdims=True)
+        return threshold(sorted_BV, rank_BV, Z_B1)[0]
+
+    top_BC, _ = jax.lax.top_k(logits_BV, C)
+    rank_BC = jax.lax.broadcasted_iota(jnp.int32, top_BC.shape, 1)
+    top_BC = jnp.where(rank_BC < top_k, top_BC, -jnp.inf)
+    all_B1 = jnp.sum(jnp.exp(logits_BV - top_BC[:, :1]), axis=-1, keepdims=True)
+    within_B1 = jnp.sum(jnp.exp(top_BC - top_BC[:, :1]), axis=-1, keepdims=True)
+    threshold_B1, mass_B = threshold(top_BC, rank_BC, jnp.where(top_k <= C, within_B1, all_B1))
+    inside = (top_k <= C) | ((top_k >= V) & jnp.all(mass_B >= top_p))
+    threshold_B1 = jax.lax.cond(inside, lambda: threshold_B1, sorted_threshold)
     return jnp.where(logits_BV >= threshold_B1, logits_BV, -jnp.inf)
 
 
@@ -247,9 +287,14 @@ def resolve_layout(layout: str | DecodeLayout = "auto") -> DecodeLayout:
     return DECODE_LAYOUTS[name]
 
 
-def decode_params(params: Params, layout: str | DecodeLayout = "auto") -> Params:
+def decode_params(
+    params: Params,
+    layout: str | DecodeLayout = "auto",
+    config: ModelConfig | Qwen35Config | None = None,
+) -> Params:
     """The params as the decode loop reads them under ``layout``: layers unstacked
-    (`model.unstack_layers`) so no step slices the stacked arrays again, and with
+    (`model.unstack_layers`; a Qwen3.5 tree, stacked per layer kind, needs its ``config``) so
+    no step slices the stacked arrays again, and with
     ``in_out_weights`` every unquantized matmul weight (and the LM head, a copy when tied)
     transposed to `quant.InOut`; without it, `InOut` weights are turned back to ``[out, in]``.
     Quantized weights keep the ``[out, in]`` layout of the FP8 GEMM.
@@ -260,9 +305,9 @@ def decode_params(params: Params, layout: str | DecodeLayout = "auto") -> Params
     call with the same weights and layout. It keeps one copy of the transposed weights alive.
     """
     in_out = resolve_layout(layout).in_out_weights
-    params = unstack_layers(params)
+    params = unstack_layers(params, config)
     layers = [
-        {name: _relayout(w, in_out) if name in LINEAR_WEIGHTS else w for name, w in layer.items()}
+        {name: _relayout(w, in_out) if name in PROJECTIONS else w for name, w in layer.items()}
         for layer in params["layers"]
     ]
     params = {**params, "layers": layers}
@@ -299,7 +344,8 @@ def value_cache_dtype(dtype, layout: str | DecodeLayout = "auto") -> jnp.dtype:
 class DecodeState:
     """The carry of the decode loop, after ``step`` response positions have been emitted.
 
-    cache: the KV cache (S = P + T slots); key: the rollout key (step t draws with
+    cache: the KV cache (S = P + T slots; for Qwen3.5 a `qwen35.HybridCache`, which adds
+    each linear-attention layer's conv and recurrent state); key: the rollout key (step t draws with
     ``fold_in(key, t)``); last_B: the token emitted at step - 1, fed to the next forward;
     done_B: the row has emitted an end-of-sequence id; tokens_BT / mask_BT / logp_BT /
     logp_plain_BT: the `Rollout` fields, filled up to column ``step`` (pad_id / 0 beyond).
@@ -337,7 +383,7 @@ def _generate(
     B, P = prompt_BP.shape
     T = max_new_tokens
     layout = resolve_layout(layout)  # `generate` passes it resolved
-    params = decode_params(params, layout)
+    params = decode_params(params, layout, config)
     dtype = params["embed"].dtype
     cache = init_cache(config, B, P + T, dtype, value_dtype=value_cache_dtype(dtype, layout))
     logits_B1V, cache = forward_cached(
@@ -400,7 +446,7 @@ def _generate(
 
 def generate(
     params: Params,
-    config: ModelConfig,
+    config: ModelConfig | Qwen35Config,
     prompts,
     key: jax.Array,
     *,
@@ -481,7 +527,7 @@ LOGITS_CHUNK = 1 << 24
 
 def token_logprobs(
     params: Params,
-    config: ModelConfig,
+    config: ModelConfig | Qwen35Config,
     prompt_tokens_BP,
     prompt_mask_BP,
     tokens_BT,

@@ -8,7 +8,8 @@ its dimensions with *logical* axes (`LOGICAL_AXES`: ``q_proj [L, H*E, D]`` is
     logical axis     TRAIN (FSDP + tensor parallel)   ROLLOUT (tensor parallel)
     batch            ("data", "fsdp")                 ("data", "fsdp")
     vocab, heads,    "tensor"                         "tensor"
-    kv_heads, mlp
+    kv_heads, mlp,
+    linear_heads
     embed (D)        "fsdp"                           replicated
     layer, norms     replicated                       replicated
 
@@ -68,11 +69,25 @@ LOGICAL_AXES: dict[str, tuple[str, ...] | None] = {
     "k_bias": ("layer", "kv_heads"),
     "v_bias": ("layer", "kv_heads"),
     "scale": None,
+    # Qwen3.5's Gated DeltaNet (`qwen35.py`): value heads U split like attention heads. The conv
+    # channels W of in_proj_qkv / conv_weight (q, k, v concatenated) split in channel order;
+    # where a shard boundary falls inside q, k or v, XLA gathers what the heads need.
+    "in_proj_qkv": ("layer", "linear_heads", "embed"),
+    "in_proj_z": ("layer", "linear_heads", "embed"),
+    "in_proj_b": ("layer", "linear_heads", "embed"),
+    "in_proj_a": ("layer", "linear_heads", "embed"),
+    "out_proj": ("layer", "embed", "linear_heads"),
+    "conv_weight": ("layer", "linear_heads", "taps"),
+    "a_log": ("layer", "linear_heads"),
+    "dt_bias": ("layer", "linear_heads"),
     # KVCache fields: per layer k [B, K, S, E] and v [B, K, E, S], valid [B, S], next_pos [B]
     "k": ("batch", "kv_heads", "cache", "head_dim"),
     "v": ("batch", "kv_heads", "head_dim", "cache"),
     "valid": ("batch", "cache"),
     "next_pos": ("batch",),
+    # qwen35.LinearState fields: conv [B, X-1, W], recurrent [B, U, I, O]
+    "conv": ("batch", "taps", "linear_heads"),
+    "recurrent": ("batch", "linear_heads", "key_dim", "value_dim"),
 }
 BATCH = ("data", "fsdp")
 TRAIN: Rules = {
@@ -81,6 +96,7 @@ TRAIN: Rules = {
     "heads": "tensor",
     "kv_heads": "tensor",
     "mlp": "tensor",
+    "linear_heads": "tensor",
     "embed": "fsdp",
 }
 ROLLOUT: Rules = {**TRAIN, "embed": None}  # tensor-parallel, replicated over data and fsdp

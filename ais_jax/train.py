@@ -32,6 +32,12 @@ settings (the arms and seeds of a comparison, a resumed run) gets the very same 
 and compiles nothing again, and a phase a setting does not touch is shared across it (scoring
 across corrections, the BF16 evaluation policy across rollout formats).
 
+The model is Qwen3/Qwen2 (`ModelConfig`) or Qwen3.5 (`qwen35.Qwen35Config`): every phase
+reaches it through `model.py`'s entry points (`param_shapes`, `forward`/`final_hidden` inside
+`sampler.token_logprobs`, `init_cache`/`forward_cached` inside `sampler.generate`), which
+dispatch on the config's type, and the FP8 sync quantizes both families' projections
+(`quant.PROJECTIONS`).
+
 Nothing here touches files, logging or the command line: see `runner.py`.
 """
 
@@ -60,6 +66,7 @@ from ais_jax.config import (
 from ais_jax.model import Params, cast_params, param_shapes
 from ais_jax.model_config import ModelConfig
 from ais_jax.quant import quantize_params
+from ais_jax.qwen35 import Qwen35Config
 
 # The trainer's compute dtype. The phases read it when they are built (it is part of their
 # memo key), so a test may set it to float32 to compare sharded with unsharded math exactly.
@@ -172,7 +179,7 @@ def sync_rollout_params(params: Params, cfg: RolloutConfig, *, dtype=None) -> Pa
 
 def score(
     params: Params,
-    config: ModelConfig,
+    config: ModelConfig | Qwen35Config,
     prompt_tokens,
     prompt_mask,
     tokens,
@@ -211,7 +218,7 @@ def update(
     batch: Batch,
     key: jax.Array,
     *,
-    config: ModelConfig,
+    config: ModelConfig | Qwen35Config,
     optimizer: optax.GradientTransformation,
     optim: OptimConfig,
     loss_cfg: LossConfig,
@@ -315,7 +322,7 @@ def sft_step(
     tokens,
     mask,
     *,
-    config: ModelConfig,
+    config: ModelConfig | Qwen35Config,
     optimizer: optax.GradientTransformation,
     dtype=None,
 ):
@@ -369,7 +376,7 @@ class Phases:
 def make_phases(
     mesh: jax.sharding.Mesh,
     cfg: TrainConfig,
-    config: ModelConfig,
+    config: ModelConfig | Qwen35Config,
     *,
     eos_ids: tuple[int, ...] = (),
     pad_id: int = 0,
@@ -409,12 +416,14 @@ def _weights(r: RolloutConfig) -> RolloutConfig:
     return RolloutConfig(format=r.format, act_scaling=r.act_scaling, fp8_lm_head=r.fp8_lm_head)
 
 
-def _master(config: ModelConfig) -> Params:
+def _master(config: ModelConfig | Qwen35Config) -> Params:
     return param_shapes(config, jnp.float32)
 
 
 @functools.lru_cache(maxsize=_MEMO)
-def _init_phase(mesh, config: ModelConfig, optim: OptimConfig, steps: int) -> Callable:
+def _init_phase(
+    mesh, config: ModelConfig | Qwen35Config, optim: OptimConfig, steps: int
+) -> Callable:
     init = functools.partial(init_state, optimizer=make_optimizer(optim, steps))
     shardings = shd.param_shardings(jax.eval_shape(init, _master(config)), mesh, shd.TRAIN)
     jitted = jax.jit(init, out_shardings=shardings)
@@ -426,7 +435,9 @@ def _init_phase(mesh, config: ModelConfig, optim: OptimConfig, steps: int) -> Ca
 
 
 @functools.lru_cache(maxsize=_MEMO)
-def _sync_phase(mesh, config: ModelConfig, rollout: RolloutConfig, dtype) -> Callable:
+def _sync_phase(
+    mesh, config: ModelConfig | Qwen35Config, rollout: RolloutConfig, dtype
+) -> Callable:
     """Quantize (or cast) in the training layout, then let ``out_shardings`` gather the copy
     into the rollout layout (1-byte codes travel, not float32 weights), on device."""
     sync = functools.partial(sync_rollout_params, cfg=rollout, dtype=dtype)
@@ -446,7 +457,7 @@ def _sync_phase(mesh, config: ModelConfig, rollout: RolloutConfig, dtype) -> Cal
 @functools.lru_cache(maxsize=_MEMO)
 def _generate_phase(
     mesh,
-    config: ModelConfig,
+    config: ModelConfig | Qwen35Config,
     rollout: RolloutConfig,
     dtype,
     *,
@@ -487,7 +498,7 @@ def _generate_phase(
 
 
 @functools.lru_cache(maxsize=_MEMO)
-def _score_phase(mesh, config: ModelConfig, dtype) -> Callable:
+def _score_phase(mesh, config: ModelConfig | Qwen35Config, dtype) -> Callable:
     def score_fn(params, prompt_tokens, prompt_mask, tokens, mask, temperature):
         return score(
             params, config, prompt_tokens, prompt_mask, tokens, mask, temperature, dtype=dtype
@@ -505,7 +516,7 @@ def _score_phase(mesh, config: ModelConfig, dtype) -> Callable:
 @functools.lru_cache(maxsize=_MEMO)
 def _update_phase(
     mesh,
-    config: ModelConfig,
+    config: ModelConfig | Qwen35Config,
     optim: OptimConfig,
     steps: int,
     loss_cfg: LossConfig,
@@ -535,7 +546,7 @@ def _update_phase(
 
 
 @functools.lru_cache(maxsize=_MEMO)
-def _sft_init_phase(mesh, config: ModelConfig, sft: SFTConfig) -> Callable:
+def _sft_init_phase(mesh, config: ModelConfig | Qwen35Config, sft: SFTConfig) -> Callable:
     init = make_sft_optimizer(sft).init
     shardings = shd.param_shardings(jax.eval_shape(init, _master(config)), mesh, shd.TRAIN)
     master = shd.param_shardings(_master(config), mesh, shd.TRAIN)
@@ -543,7 +554,7 @@ def _sft_init_phase(mesh, config: ModelConfig, sft: SFTConfig) -> Callable:
 
 
 @functools.lru_cache(maxsize=_MEMO)
-def _sft_step_phase(mesh, config: ModelConfig, sft: SFTConfig, dtype) -> Callable:
+def _sft_step_phase(mesh, config: ModelConfig | Qwen35Config, sft: SFTConfig, dtype) -> Callable:
     optimizer = make_sft_optimizer(sft)
     step = functools.partial(sft_step, config=config, optimizer=optimizer, dtype=dtype)
     master = shd.param_shardings(_master(config), mesh, shd.TRAIN)

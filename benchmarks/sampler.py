@@ -30,6 +30,12 @@ machine inflate wall time, hardly CPU time. ``--ais-src`` benchmarks another ais
     python benchmarks/sampler.py                  # tiny,small x b8,b32 x f32,bf16
     python benchmarks/sampler.py --quick          # smoke run: tiny, b8, bf16, 16 tokens
     python benchmarks/sampler.py --engines ais_jax,tunix --sizes small --dtypes bf16
+    python benchmarks/sampler.py --sizes qwen3-0.6b --new-tokens 32 --repeats 1 --no-fp8
+
+``qwen3-0.6b`` is `ModelConfig.qwen3_0p6b()`'s shape (`PRESET_SIZES`, 151,936 ids). For each
+(size, batch) a ``draw`` worker also times ais_jax's sampling draw alone (`sampler._sample` on
+random ``[B, V]`` logits: T=1, top-k, top-p, greedy) and the LM head alone, with their share of
+an ais_jax decode step. The CPU model and the measured read bandwidth are printed first.
 """
 
 from __future__ import annotations
@@ -66,7 +72,21 @@ SIZES = {
         intermediate_size=1536,
     ),
 }
+# Real shapes, read from `ais_jax.model_config.ModelConfig`'s presets by the parent (`shape_of`)
+# and handed to every worker as JSON (``--shape``): a peer's interpreter need not import ais_jax.
+PRESET_SIZES = {"qwen3-0.6b": "qwen3_0p6b"}
+SHAPE_KEYS = tuple(SIZES["tiny"])
 ENGINES = ("ais_jax", "hf", "tunix")
+# The sampling draw timed apart (`time_draws`): name -> (top_k, top_p); None: the whole vocabulary.
+DRAW_SDS = (3.0, 6.0)  # spreads of the random logits the draw is timed on (`worker_draw`)
+DRAW_REPEATS = 5  # timed calls per draw / head timing (at least; more with --repeats)
+DRAWS = {
+    "T=1 full": (None, 1.0),
+    "top-k 50": (50, 1.0),
+    "top-p 0.95": (None, 0.95),
+    "top-k 50, top-p 0.95": (50, 0.95),
+    "greedy (top-k 1)": (1, 1.0),
+}
 PEERS = ("hf", "tunix")
 PROMPT_LEN = 32
 ROPE_THETA = 1_000_000.0
@@ -76,6 +96,43 @@ SETUP_HINT = "bash benchmarks/peers_setup.sh"
 
 
 # ---- sizes and bytes ----------------------------------------------------------------------------
+
+
+def shape_of(size: str, ais_src: str) -> dict:
+    """The model shape of ``size``: `SIZES`, or the `PRESET_SIZES` preset of ais_jax's
+    `ModelConfig` (imported from ``ais_src``; every size is a tied-embedding Qwen3 with
+    rope theta `ROPE_THETA`)."""
+    if size in SIZES:
+        return SIZES[size]
+    if ais_src not in sys.path:
+        sys.path.insert(0, ais_src)
+    from ais_jax.model_config import ModelConfig
+
+    config = getattr(ModelConfig, PRESET_SIZES[size])()
+    if not config.tie_embeddings or config.rope_theta != ROPE_THETA or not config.qk_norm:
+        raise ValueError(
+            f"preset {PRESET_SIZES[size]} is not a tied Qwen3 with rope theta {ROPE_THETA}: "
+            f"{config}"
+        )
+    return {k: getattr(config, k) for k in SHAPE_KEYS}
+
+
+def cpu_model() -> str:
+    """The CPU's model name and vector extensions (from /proc/cpuinfo, else `platform`)."""
+    import platform
+
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    fields = {}
+    for ln in info.splitlines():
+        name, _, value = ln.partition(":")
+        fields.setdefault(name.strip(), value.strip())
+    flags = fields.get("flags", "").split()
+    simd = [f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+    name = fields.get("model name", platform.machine())
+    return f"{name} ({', '.join(simd) or 'no AVX2'})"
 
 
 def linear_params(s: dict) -> int:
@@ -162,7 +219,7 @@ def worker_ckpt(a) -> dict:
     import torch
     import transformers
 
-    s = SIZES[a.size]
+    s = json.loads(a.shape)
     cfg = transformers.Qwen3Config(
         vocab_size=s["vocab_size"],
         hidden_size=s["hidden_size"],
@@ -294,7 +351,7 @@ def worker_tunix(a) -> dict:
     from tunix.models.qwen3 import model as model_lib
     from tunix.models.qwen3 import params as params_lib
 
-    s = SIZES[a.size]
+    s = json.loads(a.shape)
     dtype = jnp.float32 if a.dtype == "f32" else jnp.bfloat16
     config = model_lib.ModelConfig(
         num_layers=s["num_layers"],
@@ -340,7 +397,62 @@ def worker_tunix(a) -> dict:
     }
 
 
-WORKERS = {"ckpt": worker_ckpt, "ais_jax": worker_ais_jax, "hf": worker_hf, "tunix": worker_tunix}
+def _median_ms(fn, *args, repeats: int) -> float:
+    """Median wall time (ms) of ``repeats`` calls of jitted ``fn`` after one warm-up call."""
+    import jax
+
+    jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
+
+
+def worker_draw(a) -> dict:
+    """The sampling draw alone, `sampler._sample` on random ``[B, V]`` float32 logits
+    N(0, sd^2) for each of `DRAW_SDS` (sd 3: a flat row, the 1024 largest of 151,936 hold ~70%
+    of the mass; sd 6: a peaked one, 99.6%), for each of `DRAWS`; and the LM head alone,
+    ``[B, D] x [D, V]`` with the ``[in, out]`` weight and float32 accumulation that the CPU
+    decode loop runs, in float32 and bfloat16."""
+    import jax
+    import jax.numpy as jnp
+
+    from ais_jax.quant import InOut, linear
+    from ais_jax.sampler import _sample
+
+    s = json.loads(a.shape)
+    repeats = max(DRAW_REPEATS, a.repeats)
+    B, V, D = a.batch, s["vocab_size"], s["hidden_size"]
+    key_x, key_w, key_s = jax.random.split(jax.random.key(a.seed), 3)
+    sample = jax.jit(_sample)
+    draws = {}
+    for sd in DRAW_SDS:
+        logits_BV = sd * jax.random.normal(key_x, (B, V), jnp.float32)
+        for name, (top_k, top_p) in DRAWS.items():
+            k = jnp.int32(V if top_k is None else top_k)
+            draws[f"{name}, sd {sd:g}"] = _median_ms(
+                sample, key_s, logits_BV, jnp.float32(1.0), k, jnp.float32(top_p), repeats=repeats
+            )
+    head = {}
+    w_VD = 0.02 * jax.random.normal(key_w, (V, D), jnp.float32)
+    x_BD = jax.random.normal(key_x, (B, D), jnp.float32)
+    for dtype in ("f32", "bf16"):
+        jdtype = jnp.float32 if dtype == "f32" else jnp.bfloat16
+        w = InOut.of(w_VD.astype(jdtype))
+        fn = jax.jit(lambda x, w: linear(x, w, out_dtype=jnp.float32))
+        head[dtype] = _median_ms(fn, x_BD.astype(jdtype), w, repeats=repeats)
+    return {"draw_ms": draws, "head_ms": head, "version": f"jax {jax.__version__}"}
+
+
+WORKERS = {
+    "ckpt": worker_ckpt,
+    "ais_jax": worker_ais_jax,
+    "hf": worker_hf,
+    "tunix": worker_tunix,
+    "draw": worker_draw,
+}
 
 
 def run_worker(a) -> None:
@@ -387,6 +499,8 @@ def spawn(
         str(ckpt),
         "--size",
         size,
+        "--shape",
+        json.dumps(args.shapes[size]),
         "--dtype",
         dtype,
         "--batch",
@@ -403,7 +517,7 @@ def spawn(
         args.layout,
     ]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TOKENIZERS_PARALLELISM="false")
-    if worker == "ais_jax":  # the engine under test, imported from --ais-src (this checkout)
+    if worker in ("ais_jax", "draw"):  # the engine under test, from --ais-src (this checkout)
         env["PYTHONPATH"] = args.ais_src + os.pathsep + env.get("PYTHONPATH", "")
     return run_child(cmd, env, timeout=args.timeout, verbose=args.verbose)
 
@@ -487,6 +601,11 @@ def main() -> None:
     p.add_argument("--engines", default=",".join(ENGINES))
     p.add_argument("--no-fp8", action="store_true", help="skip the ais_jax FP8 rows")
     p.add_argument(
+        "--no-draw",
+        action="store_true",
+        help="skip timing ais_jax's sampling draw and LM head alone (per size and batch)",
+    )
+    p.add_argument(
         "--quick",
         action="store_true",
         help="smoke run: tiny, batch 8, bf16, 16 new tokens, 1 repeat",
@@ -527,6 +646,7 @@ def main() -> None:
     p.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     p.add_argument("--ckpt", help=argparse.SUPPRESS)
     p.add_argument("--size", help=argparse.SUPPRESS)
+    p.add_argument("--shape", help=argparse.SUPPRESS)
     p.add_argument("--dtype", help=argparse.SUPPRESS)
     p.add_argument("--batch", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -541,7 +661,7 @@ def main() -> None:
     dtypes = [d for d in args.dtypes.split(",") if d]
     engines = [e for e in args.engines.split(",") if e]
     for name, got, valid in (
-        ("size", sizes, SIZES),
+        ("size", sizes, [*SIZES, *PRESET_SIZES]),
         ("dtype", dtypes, ("f32", "bf16")),
         ("engine", engines, ENGINES),
     ):
@@ -549,10 +669,13 @@ def main() -> None:
         if bad:
             p.error(f"unknown {name}(s) {bad}; valid: {list(valid)}")
 
+    args.shapes = {size: shape_of(size, args.ais_src) for size in sizes}
     print(
-        f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs; prompt {PROMPT_LEN}, "
-        f"new tokens {args.new_tokens}, repeats {args.repeats}, rounds {args.rounds}"
+        f"CPU: {cpu_model()}, {os.cpu_count()} CPUs; python {sys.version.split()[0]}; prompt "
+        f"{PROMPT_LEN}, new tokens {args.new_tokens}, repeats {args.repeats}, rounds {args.rounds}"
     )
+    for size in sizes:
+        print(f"{size}: " + ", ".join(f"{k} {v:,}" for k, v in args.shapes[size].items()))
     skipped = check_interpreters(args, [e for e in engines if e in ("ais_jax", *PEERS)])
     for engine, why in skipped.items():
         print(f"SKIP {engine}: {why}")
@@ -563,7 +686,7 @@ def main() -> None:
     print("memory bandwidth (GB/s): " + ", ".join(f"{k} {v:.1f}" for k, v in bw.items()))
 
     tmp = Path(args.keep_ckpt) if args.keep_ckpt else Path(tempfile.mkdtemp(prefix="ais_bench_"))
-    results = []
+    results, draws = [], []
     pythons = interpreters(args)
     try:
         for size in sizes:
@@ -573,6 +696,10 @@ def main() -> None:
                 print(f"cannot write the {size} checkpoint with {args.hf_python}: {r['error']}")
                 continue
             for batch in batches:
+                if not args.no_draw and "ais_jax" in engines:
+                    r = spawn(pythons["ais_jax"], "draw", args, size=size, batch=batch, ckpt=ckpt)
+                    draws.append(dict(size=size, batch=batch, **r))
+                    print(f"  {size} b{batch} draw: {r.get('error', 'done')}", flush=True)
                 for dtype in dtypes:
                     rows = [e for e in engines if e != "ais_jax-fp8" or dtype == "bf16"]
                     load = wait_for_idle(args.max_load, args.max_wait)
@@ -619,8 +746,11 @@ def main() -> None:
 
     print("best memory bandwidth (GB/s): " + ", ".join(f"{k} {v:.1f}" for k, v in bw.items()))
     report(results, args, bw["read_gbps"] * 1e9, skipped)
+    report_draws(draws, results, args)
     if args.json:
-        Path(args.json).write_text(json.dumps({"bandwidth": bw, "results": results}, indent=1))
+        Path(args.json).write_text(
+            json.dumps({"bandwidth": bw, "results": results, "draws": draws}, indent=1)
+        )
 
 
 def _ratio(r, by_key, field):
@@ -643,7 +773,7 @@ def report(results, args, read_bw, skipped) -> None:
         r["tok_s"] = r["batch"] * T / r["steady"]
         r["tok_cpu_s"] = r["batch"] * T / min(r["cpu_s"])
         wdtype = "fp8" if r["engine"] == "ais_jax-fp8" else r["dtype"]
-        moved = bytes_per_step(SIZES[r["size"]], wdtype, r["batch"], T)
+        moved = bytes_per_step(args.shapes[r["size"]], wdtype, r["batch"], T)
         r["roofline"] = moved / (r["steady"] / T) / read_bw
     by_key = {(r["size"], r["batch"], r["dtype"], r["engine"]): r for r in results}
 
@@ -754,6 +884,43 @@ def report(results, args, read_bw, skipped) -> None:
     print("versions: " + "; ".join(f"{k}: {v}" for k, v in versions.items()))
     for engine, why in skipped.items():
         print(f"skipped {engine}: {why}")
+
+
+def report_draws(draws, results, args) -> None:
+    """The draw and LM-head times of `worker_draw`, and their share of an ais_jax decode step
+    (its best call / new tokens: the prefill is in that call, so the shares are lower bounds)."""
+    ok = [d for d in draws if "error" not in d]
+    for d in draws:
+        if "error" in d:
+            print(f"draw timing {d['size']} b{d['batch']}: error: {d['error']}")
+    if not ok:
+        return
+    T = args.new_tokens
+    by_key = {(r["size"], r["batch"], r["dtype"], r["engine"]): r for r in results}
+    print(
+        "\nThe sampling draw alone (`sampler._sample`, [B, V] float32 logits, T=1; median ms"
+        f" of {max(DRAW_REPEATS, args.repeats)} calls) and the LM head alone ([B, D] x [D, V],"
+        " [in, out], f32 accumulation); share = ms / ais_jax's ms per decode step (best call /"
+        " new tokens)"
+    )
+    rows = []
+    for d in ok:
+        steps = {}
+        for dtype in ("f32", "bf16"):
+            r = by_key.get((d["size"], d["batch"], dtype, "ais_jax"), {})
+            if "steady" in r:
+                steps[dtype] = 1e3 * r["steady"] / T
+        for name, ms in [
+            *d["draw_ms"].items(),
+            *((f"LM head {k}", v) for k, v in d["head_ms"].items()),
+        ]:
+            shares = [
+                f"{100 * ms / step:.1f}% of {dtype} ({step:.1f} ms)"
+                for dtype, step in steps.items()
+                if not name.startswith("LM head") or name.endswith(dtype)
+            ]
+            rows.append([d["size"], f"b{d['batch']}", name, f"{ms:.2f}", "; ".join(shares)])
+    print_table(rows, ["size", "batch", "what", "ms", "share of an ais_jax step"])
 
 
 if __name__ == "__main__":

@@ -469,6 +469,44 @@ def test_greedy_filter_skips_the_sort_and_keeps_what_it_kept(top_p):
     assert np.isfinite(out).sum(axis=1).tolist() == [1, 3, 300, 1, 1, 1]
 
 
+def reference_filter(logits_BV: np.ndarray, top_k: int, top_p: float) -> np.ndarray:
+    """`filter_logits`' definition in float64 with a full sort: rank i (descending) is kept iff
+    i < top_k and the mass of the ranks before it, renormalised over the top_k, is < top_p
+    (every rank when top_p >= 1); every logit >= the smallest kept one stays."""
+    out = np.full_like(logits_BV, -np.inf)
+    for b, row in enumerate(logits_BV.astype(np.float64)):
+        s = -np.sort(-row)[:top_k]
+        p = np.exp(s - s[0]) / np.exp(s - s[0]).sum()
+        keep = (np.cumsum(p) - p < top_p) | (top_p >= 1.0)
+        out[b] = np.where(row >= s[keep].min(), logits_BV[b], -np.inf)
+    return out
+
+
+@pytest.mark.parametrize("top_p", [0.3, 0.9, 0.99, 1.0])
+@pytest.mark.parametrize("top_k", [5, 64, 65, 3000])
+def test_sort_filter_top_candidates_and_full_sort_keep_the_same_ids(top_k, top_p):
+    """`_sort_filter` takes its kept prefix from the ``candidates`` largest logits when it
+    provably ends there, else sorts the whole row (`lax.cond`). With 64 candidates on V = 3,000
+    both branches run (top_k <= 64; top_k = 65; top_k = V with a peaked row, whose top 64 hold
+    the mass, and a flat one, whose don't), and each keeps the float64 reference's ids, ties
+    and -inf entries included."""
+    rng = np.random.default_rng(top_k)
+    flat = rng.standard_normal((3, 3000))
+    peaked = 8.0 * rng.standard_normal((3, 3000))
+    logits = np.concatenate([flat, peaked]).astype(np.float32)
+    logits[0, [3, 70, 900]] = logits[0].max() + 0.5  # a three-way tie at the top
+    logits[3, rng.choice(3000, 40, replace=False)] = -np.inf
+    logits[4, :200] = np.sort(logits[4])[-100]  # ties around the 100th rank
+    expected = reference_filter(logits, top_k, top_p)
+    for candidates in (64, 3000):
+        out = sampler._sort_filter(
+            jnp.asarray(logits), jnp.int32(top_k), jnp.float32(top_p), candidates=candidates
+        )
+        np.testing.assert_array_equal(np.asarray(out), expected, err_msg=f"{candidates=}")
+    if top_p == 1.0:  # no nucleus cut at all: exactly top_k ids on a tie-free peaked row
+        assert (np.isfinite(expected[5]).sum()) == top_k
+
+
 # ---- end of sequence, padding, determinism ---------------------------------------------------
 
 

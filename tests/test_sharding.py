@@ -340,6 +340,7 @@ CHECKS = [
     "check_score",
     "check_score_bf16",
     "check_train_step_bf16",
+    "check_qwen35_train_step",
     "check_generate",
     "check_fp8",
     "check_fp8_generate",

@@ -1,0 +1,151 @@
+"""Qwen3.5 everywhere else (#17 item 5): presets and the memory plan, and the trainer's phases.
+
+* `model_config.preset` resolves Qwen3 and Qwen3.5 names to their config types; the
+  ``qwen3.5-9b`` preset is transformers' `Qwen3_5TextConfig` defaults (its "Qwen3.5-9B style
+  configuration"), field by field.
+* `plan.plan_memory` of ``qwen3.5-9b`` counts the KV cache of its 8 attention layers and the
+  float32 conv + recurrent state of its 24 Gated DeltaNet layers, equal to a hand computation.
+* A tiny Qwen3.5 checkpoint written by transformers, loaded with `load_hf`, trains through
+  `train.make_phases`' phases: FP8 rollout, BF16 score, AIS-corrected GRPO updates (finite
+  loss, params change), and BF16 rollout log-probs equal the trainer's score.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from ais_jax import grpo, model_config, plan, qwen35, train
+from ais_jax.config import CorrectionConfig, MeshConfig, OptimConfig, RolloutConfig, TrainConfig
+from ais_jax.hf import load_hf
+from ais_jax.model_config import ModelConfig
+from ais_jax.sharding import make_mesh
+
+
+def test_presets_resolve_to_their_family():
+    assert isinstance(model_config.preset("qwen3-8b"), ModelConfig)
+    tiny = model_config.preset("qwen3.5-tiny", vocab_size=40, num_layers=8)
+    assert isinstance(tiny, qwen35.Qwen35Config) and tiny.vocab_size == 40
+    assert tiny.layer_types == ("linear_attention",) * 3 + ("full_attention",) + (
+        "linear_attention",
+    ) * 3 + ("full_attention",)
+    with pytest.raises(ValueError, match="qwen3.5-9b"):
+        model_config.preset("qwen3.5-27b")
+    with pytest.raises(ValueError, match="qk_norm"):
+        model_config.preset("qwen3.5-tiny", qk_norm=True)
+    hf = transformers.Qwen3_5TextConfig()  # its docstring: "the Qwen3.5-9B style configuration"
+    assert model_config.preset("qwen3.5-9b") == qwen35.Qwen35Config.from_hf_dict(hf.to_dict())
+
+
+def test_plan_counts_the_kv_cache_and_the_linear_state():
+    """qwen3.5-9b, 64 rows x 2048 tokens on fsdp=4 x tensor=2, by hand: the KV cache is
+    8 attention layers x (k + v) x 64 x 4 kv heads x 2048 x 256 x 2 bytes = 4 GiB (plus its
+    slot bookkeeping), rows over 4 devices and kv heads over 2; the linear state is 24
+    layers x 64 rows x (3 x 8192 conv + 32 x 128 x 128 recurrent) x 4 bytes, rows over 4
+    and value heads over 2 (the conv state's 8192 channels split over tensor too)."""
+    config = plan.resolve_model("qwen3.5-9b")
+    sizes = {"data": 1, "fsdp": 4, "tensor": 2}
+    rows = plan.plan_memory(config, sizes, batch=64, seq=2048)
+    kv = 8 * 2 * 64 * 4 * 2048 * 256 * 2
+    slots = 64 * 2048 + 64 * 4 + 4  # valid [B, S] bool, next_pos [B] int32, index
+    state = 24 * 64 * (3 * 8192 + 32 * 128 * 128) * 4
+    assert rows["kv_cache"].total_bytes == kv + slots
+    assert rows["kv_cache"].device_bytes == kv // 8 + 64 * 2048 // 4 + 64 + 4
+    assert rows["linear_state"].total_bytes == state
+    assert rows["linear_state"].device_bytes == state // 8
+    table = plan.format_table(rows, "t")
+    assert "KV cache + linear state" in table
+    assert rows["params"].total_bytes == 4 * config.num_params
+
+
+CASE = dict(
+    vocab_size=48,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=3,
+    layer_types=["linear_attention", "full_attention", "linear_attention"],
+    num_attention_heads=2,
+    num_key_value_heads=2,
+    head_dim=16,
+    linear_num_key_heads=2,
+    linear_num_value_heads=2,
+    linear_key_head_dim=8,
+    linear_value_head_dim=8,
+    tie_word_embeddings=False,
+)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A random tiny `Qwen3_5ForCausalLM` saved by transformers (weights x 10: O(1) logits)."""
+    torch.manual_seed(0)
+    hf = transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(**CASE))
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if "norm" not in name and "A_log" not in name and "dt_bias" not in name:
+                p.mul_(10.0)
+    folder = tmp_path_factory.mktemp("qwen35_ckpt")
+    hf.save_pretrained(folder)
+    return folder
+
+
+def test_grpo_steps_with_fp8_rollout_and_ais(checkpoint):
+    """Three steps of the trainer's phases on the transformers checkpoint: FP8 rollout (every
+    projection a `QArray`), BF16 score, AIS-corrected update over 2 minibatches (loss and
+    every metric finite, params change, nothing skipped); then the BF16 rollout's log-probs
+    are the BF16 trainer's score (the sampler test's bounds: max 0.05, mean 5e-3)."""
+    config, params = load_hf(checkpoint, dtype=jnp.float32)
+    assert isinstance(config, qwen35.Qwen35Config)
+    G = 4
+    cfg = TrainConfig(
+        steps=3,
+        optim=OptimConfig(learning_rate=1e-2, warmup_steps=0, minibatches=2),
+        rollout=RolloutConfig(prompts_per_step=2, group_size=G, max_new_tokens=4),
+        correction=CorrectionConfig(method="ais"),
+    )
+    phases = train.make_phases(make_mesh(MeshConfig()), cfg, config, eos_ids=(1,))
+    state = phases.init(params)
+    B = 2 * G
+    prompts = np.tile(np.array([[0, 0, 2, 3], [4, 5, 6, 7]], np.int32), (G, 1))
+    prompt_mask = prompts > 0
+    one = jnp.float32(1.0)
+    start = jax.tree.map(np.asarray, state.params)
+    for step in range(3):
+        rollout_params = phases.sync(state.params)
+        assert isinstance(rollout_params["layers"]["in_proj_qkv"], qwen35.quant.QArray)
+        ro = phases.generate(
+            rollout_params, prompts, prompt_mask, jax.random.key(step), one, config.vocab_size, one
+        )
+        reward = (np.asarray(ro.tokens[:, 0]) % 2).astype(np.float32)
+        logp_old, _ = phases.score(
+            state.params, ro.prompt_tokens, ro.prompt_mask, ro.tokens, ro.mask, one
+        )
+        batch = train.Batch(
+            ro.prompt_tokens,
+            ro.prompt_mask,
+            ro.tokens,
+            ro.mask,
+            ro.logp_plain,
+            logp_old,
+            grpo.group_advantages(jnp.asarray(reward), G),
+        )
+        state, metrics = phases.update(state, batch, jax.random.key(100 + step))
+        assert all(np.isfinite(float(v)) for v in metrics.values()), metrics
+        assert float(metrics["train/skipped_steps"]) == 0
+    assert ro.tokens.shape == (B, 4)
+    moved = jax.tree.map(lambda a, b: np.abs(np.asarray(a) - b).max(), state.params, start)
+    assert all(m > 0 for m in jax.tree.leaves(moved)), moved
+
+    bf16 = phases.generate_bf16(
+        phases.sync_bf16(state.params), prompts, prompt_mask, jax.random.key(9), one, 48, one
+    )
+    trainer, _ = phases.score(
+        state.params, bf16.prompt_tokens, bf16.prompt_mask, bf16.tokens, bf16.mask, one
+    )
+    mask = np.asarray(bf16.mask)
+    d = np.abs(np.asarray(trainer) - np.asarray(bf16.logp_plain))[mask]
+    assert mask.sum() >= B and d.max() <= 0.05 and d.mean() <= 5e-3, (d.max(), d.mean())
