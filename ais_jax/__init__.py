@@ -51,7 +51,7 @@ _EXPORTS: dict[str, str] = {
     "Rollout": "ais_jax.sampler",
     "generate": "ais_jax.sampler",
     "token_logprobs": "ais_jax.sampler",
-    "run_training": "ais_jax.runner",
+    "run_training": "ais_jax.job",
 }
 
 __all__ = sorted(_EXPORTS)

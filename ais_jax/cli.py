@@ -73,8 +73,8 @@ def _load(args):
 
 
 def _cmd_train(args) -> int:
+    from ais_jax.job import run_training
     from ais_jax.run_log import describe
-    from ais_jax.runner import run_training
 
     out = Path(args.out) if args.out else _new_run_dir("train")
     if args.resume and not args.config and (out / "config.yaml").is_file():
@@ -115,11 +115,11 @@ def _late_signal(stop, command: str, out: Path) -> int:
 
 def _restored_run(run_dir: Path):
     from ais_jax.config import load_config
-    from ais_jax.runner import Run
+    from ais_jax.job import make_run
 
     if not (run_dir / "config.yaml").is_file():
         raise CheckpointError(f"{run_dir} is not a training run directory (no config.yaml).")
-    run = Run(load_config(run_dir / "config.yaml"), run_dir)
+    run = make_run(load_config(run_dir / "config.yaml"), run_dir)
     run.restore()
     return run
 
@@ -205,6 +205,11 @@ def _cmd_sample(args) -> int:
     )
     if args.run:
         run = _restored_run(Path(args.run))
+        if run.cfg.model.family == "llada":
+            raise ValueError(
+                f"ais-jax sample: {args.run} is a LLaDA (masked-diffusion) run, which this "
+                "command does not sample; ais-jax eval --run RUN --out FILE writes its responses."
+            )
         config, tokenizer, rollout = run.model_config, run.tokenizer, run.cfg.rollout
         params = run.state.params
     else:
@@ -263,7 +268,14 @@ def _cmd_export(args) -> int:
     from ais_jax.hf import save_hf
 
     run = _restored_run(Path(args.run))
-    path = save_hf(args.to, run.model_config, run.state.params)
+    if run.cfg.model.family == "llada":  # LLaDA's own checkpoint layout
+        import jax
+
+        from ais_jax.llada import save_llada
+
+        path = save_llada(args.to, run.model_config, jax.device_get(run.state.params))
+    else:
+        path = save_hf(args.to, run.model_config, run.state.params)
     if hasattr(run.tokenizer, "save"):
         run.tokenizer.save(path)
     print(f"wrote {path}")

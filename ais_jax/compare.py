@@ -35,7 +35,7 @@ Outputs under ``out/``:
 
     config.yaml               the base configuration (arms change format, correction, seed)
     start/                    params.npz (or seed<k>.npz) + .json (hash, source), plan.json
-    <arm>/seed<k>/            one `run_training` directory per arm and seed, + start.json
+    <arm>/seed<k>/            one `job.run_training` directory per arm and seed, + start.json
     results.json              config, arms, per-seed results, intervals, paired differences,
                               provenance (strict JSON: a non-finite number is null)
     results.md                the tables
@@ -250,7 +250,7 @@ def start_from_checkpoint(cfg: TrainConfig, spec: str) -> tuple[dict, dict[str, 
     import jax
 
     from ais_jax.hf import CheckpointError
-    from ais_jax.runner import Run
+    from ais_jax.job import make_run
 
     run_dir, step = parse_start(spec)
     if not (run_dir / "config.yaml").is_file():
@@ -263,7 +263,7 @@ def start_from_checkpoint(cfg: TrainConfig, spec: str) -> tuple[dict, dict[str, 
             f"--start {spec}: that run's model {run_cfg.model} is not the comparison's "
             f"model {cfg.model}."
         )
-    run = Run(run_cfg, run_dir)
+    run = make_run(run_cfg, run_dir)
     step, restored, _ = run.checkpointer.restore(run.checkpoint_template(), step)
     return jax.device_get(restored["train"].params), {"run": str(run_dir), "step": step}
 
@@ -273,10 +273,10 @@ def _sft_params(cfg: TrainConfig, seed: int, show_progress: bool) -> tuple[Any, 
     import jax
     from tqdm import tqdm
 
-    from ais_jax.runner import Run
+    from ais_jax.job import make_run
 
     with tempfile.TemporaryDirectory() as tmp:  # Run wants a directory; SFT writes nothing
-        run = Run(dataclasses.replace(cfg, seed=seed), tmp)
+        run = make_run(dataclasses.replace(cfg, seed=seed), tmp)
         bar = tqdm(total=cfg.sft.steps, desc=f"SFT seed {seed}", disable=not show_progress)
         losses = run.sft(lambda i, n, loss: (bar.update(i - bar.n), bar.set_postfix(loss=loss)))
         bar.close()
@@ -380,7 +380,7 @@ def run_comparison(
     ``start``: ``"RUN_DIR[@STEP]"``, start from that training run's checkpoint instead of SFT.
     One log line per finished run (arm, seed, start -> final greedy accuracy, time).
     """
-    from ais_jax.runner import run_training
+    from ais_jax.job import run_training
 
     if seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {seeds}.")

@@ -14,9 +14,11 @@ aliases expand to more than `MAX_EXPANDED_NODES` values (a "billion laughs" bomb
 time linear in its text, never expanded) or refer to themselves, and integers too long to read.
 Error messages quote at most ~200 characters of any value (`show`).
 
-    model       which network: a built-in preset trained from scratch, or a local HF checkpoint
+    model       which network: a built-in preset trained from scratch, or a local HF checkpoint;
+                ``family: llada`` for the masked-diffusion LLaDA (diffusion_run.py)
     task        the verifiable task (tasks/) and its options
-    rollout     the rollout engine: number format, sampling, group size, response length
+    rollout     the rollout engine: number format, sampling, group size, response length;
+                ``rollout.diffusion``: LLaDA's sampler and diffu-GRPO's estimator (llada only)
     correction  the rollout-vs-trainer correction: none | tis | ais | mis (ais.py)
     loss        the GRPO objective (grpo.py)
     optim       AdamW, schedule, PPO epochs and minibatches
@@ -41,11 +43,13 @@ from typing import Any, Literal
 import yaml
 
 from ais_jax import ais, grpo
+from ais_jax.diffusion_sampler import REMASKING
 from ais_jax.quant import FORMATS
 from ais_jax.sampler import DECODE_LAYOUTS
 from ais_jax.sharding import AXES
 
 ROLLOUT_FORMATS = ("bf16", *FORMATS)
+FAMILIES = ("autoregressive", "llada")  # model.family: model.py's decoder, or llada.py
 CORRECTIONS = ("none", "tis", "ais", "mis")
 LEVEL_METHODS = ("tis", "mis")  # the corrections that weight by token, sequence or geometric mean
 # the settings a resumed run may change (`check_resume`): when to stop, checkpoint and evaluate,
@@ -91,8 +95,14 @@ def _rules_of(section: str, factory: Callable[..., Any], **settings: Any) -> Non
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelSpec:
-    """A preset (random init) or a local Hugging Face directory (`checkpoint`)."""
+    """A preset (random init) or a local Hugging Face directory (`checkpoint`).
 
+    ``family``: ``autoregressive`` (model.py's Qwen3-style decoder, `ModelConfig.preset`) or
+    ``llada`` (the masked-diffusion LLaDA, `llada.LLaDAConfig.preset`; trained by
+    diffusion_run.py with ``rollout.diffusion``). LLaDA's head dim is hidden_size / num_heads,
+    so it takes no ``head_dim``; a LLaDA checkpoint is not trainable from a config yet."""
+
+    family: str = "autoregressive"
     preset: str = "tiny"
     checkpoint: str | None = None
     hidden_size: int | None = None
@@ -103,8 +113,27 @@ class ModelSpec:
     intermediate_size: int | None = None
 
     def __post_init__(self):
+        _check(
+            self.family in FAMILIES, "model", "family", self.family, f"allowed: {list(FAMILIES)}"
+        )
         for key, value in self.overrides().items():
             _check(1 <= value < 2**31, "model", key, value, "must be an integer in [1, 2**31)")
+        if self.family == "llada":
+            _check(
+                self.head_dim is None,
+                "model",
+                "head_dim",
+                self.head_dim,
+                "family llada has no head_dim setting (it is hidden_size / num_heads); use null",
+            )
+            _check(
+                self.checkpoint is None,
+                "model",
+                "checkpoint",
+                self.checkpoint,
+                "family llada trains from a preset only for now (llada.load_llada reads "
+                "checkpoints for evaluation); use null",
+            )
 
     def overrides(self) -> dict[str, int]:
         names = (
@@ -143,6 +172,61 @@ class TaskConfig:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class DiffusionConfig:
+    """LLaDA's sampler and diffu-GRPO's log-prob estimator (``model.family: llada`` only).
+
+    The response length T (LLaDA's ``gen_length``) is ``rollout.max_new_tokens``; it is filled
+    in blocks of ``block_length`` positions with ``steps`` denoising steps in all (a multiple of
+    the number of blocks, at most one step per token), choosing what to keep by ``remasking``.
+    d1's mu inner updates per rollout batch are ``optim.ppo_epochs``: each draws a new random
+    prompt mask (each valid prompt token masked with probability ``p_mask_prompt``)."""
+
+    block_length: int = 8
+    steps: int = 8
+    remasking: str = "low_confidence"
+    p_mask_prompt: float = 0.15
+
+    def __post_init__(self):
+        s = "rollout.diffusion"
+        _check(self.block_length >= 1, s, "block_length", self.block_length, "must be >= 1")
+        _check(self.steps >= 1, s, "steps", self.steps, "must be >= 1")
+        _check(
+            self.remasking in REMASKING,
+            s,
+            "remasking",
+            self.remasking,
+            f"allowed: {list(REMASKING)}",
+        )
+        _check(
+            0 <= self.p_mask_prompt <= 1,
+            s,
+            "p_mask_prompt",
+            self.p_mask_prompt,
+            "must be in [0, 1] (d1: 0.15)",
+        )
+
+    def check_length(self, gen_length: int) -> None:
+        """ValueErrors unless blocks tile ``gen_length`` and ``steps`` fits them."""
+        s = "rollout.diffusion"
+        _check(
+            gen_length % self.block_length == 0,
+            s,
+            "block_length",
+            self.block_length,
+            f"must divide the response length rollout.max_new_tokens = {gen_length}",
+        )
+        blocks = gen_length // self.block_length
+        _check(
+            self.steps % blocks == 0 and self.steps <= gen_length,
+            s,
+            "steps",
+            self.steps,
+            f"must be a multiple of the number of blocks ({blocks} = max_new_tokens / "
+            f"block_length) and at most max_new_tokens ({gen_length})",
+        )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class RolloutConfig:
     format: str = "float8_e4m3fn"
     act_scaling: Literal["tensor", "token"] = "tensor"
@@ -157,6 +241,7 @@ class RolloutConfig:
     # How decode holds the weights and the value cache (`sampler.DECODE_LAYOUTS`); "auto" picks
     # the backend's default: "in_out_f32_values" on CPU, "out_in" on GPU/TPU.
     decode_layout: str = "auto"
+    diffusion: DiffusionConfig = dataclasses.field(default_factory=DiffusionConfig)
 
     def __post_init__(self):
         s = "rollout"
@@ -406,6 +491,37 @@ class TrainConfig:
             "minibatches",
             self.optim.minibatches,
             f"must divide the rollout batch prompts_per_step*group_size = {batch}",
+        )
+        if self.model.family == "llada":
+            self._check_diffusion()
+        else:
+            _check(
+                self.rollout.diffusion == DiffusionConfig(),
+                "rollout",
+                "diffusion",
+                dataclasses.asdict(self.rollout.diffusion),
+                "is read only with model.family=llada; leave it out for an autoregressive model",
+            )
+
+    def _check_diffusion(self) -> None:
+        """What LLaDA's trainer (diffusion_run.py) does not do: top-k/top-p sampling (its
+        sampler draws from the full softmax) and a KL term."""
+        r = self.rollout
+        r.diffusion.check_length(r.max_new_tokens)
+        for key in ("top_k", "top_p"):
+            _check(
+                getattr(r, key) is None,
+                "rollout",
+                key,
+                getattr(r, key),
+                "LLaDA's sampler draws from the full softmax (Gumbel noise); use null",
+            )
+        _check(
+            self.loss.kl_coef == 0,
+            "loss",
+            "kl_coef",
+            self.loss.kl_coef,
+            "model.family=llada trains without a reference policy for now; use 0",
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -132,6 +132,51 @@ def masked_prompt(key: jax.Array, prompt_mask_BP: jax.Array, p_mask_prompt) -> j
     return prompt_mask_BP.astype(bool) & (u_BP < p_mask_prompt)
 
 
+def corrupt_prompt(
+    key: jax.Array,
+    prompt_tokens_BP: jax.Array,
+    prompt_mask_BP: jax.Array,
+    p_mask_prompt,
+    mask_token_id: int,
+) -> jax.Array:
+    """The estimator's prompt input ``[B, P]`` (int32): the prompt with the tokens of
+    `masked_prompt` (``key``, ``p_mask_prompt``) replaced by ``mask_token_id``."""
+    hidden_BP = masked_prompt(key, prompt_mask_BP, p_mask_prompt)
+    return jnp.where(hidden_BP, mask_token_id, prompt_tokens_BP).astype(jnp.int32)
+
+
+def response_logp(
+    params: Params,
+    config: LLaDAConfig,
+    input_prompt_BP: jax.Array,
+    prompt_mask_BP: jax.Array,
+    tokens_BT: jax.Array,
+    mask_BT: jax.Array,
+    *,
+    return_entropy: bool = False,
+):
+    """``log softmax(f(z)_{P+t})[y_t]`` ``[B, T]`` (float32, 0 where ``mask_BT`` is 0) for
+    z = (``input_prompt_BP``, T x [MASK]): `one_step_logp` on a prompt that is already
+    corrupted (`corrupt_prompt`), so callers that hold the corrupted prompt (the diffusion
+    trainer, one per inner update) score exactly the input their rollout logp saw. With
+    ``return_entropy`` also the entropy ``-sum_v p_tv log p_tv`` ``[B, T]`` of each position."""
+    B, P = input_prompt_BP.shape
+    T = tokens_BT.shape[1]
+    input_BS = jnp.concatenate(
+        [input_prompt_BP.astype(jnp.int32), jnp.full((B, T), config.mask_token_id, jnp.int32)],
+        axis=1,
+    )
+    valid_BS = jnp.concatenate([prompt_mask_BP.astype(bool), jnp.ones((B, T), bool)], axis=1)
+    logits_BTV = llada.forward(params, config, input_BS, valid_BS)[:, P:]
+    logp_BTV = jax.nn.log_softmax(logits_BTV.astype(F32), axis=-1)
+    logp_BT = jnp.take_along_axis(logp_BTV, tokens_BT[..., None].astype(jnp.int32), axis=-1)
+    logp_BT = jnp.where(mask_BT.astype(bool), logp_BT[..., 0], 0.0)
+    if not return_entropy:
+        return logp_BT
+    entropy_BT = -jnp.sum(jnp.exp(logp_BTV) * logp_BTV, axis=-1)
+    return logp_BT, jnp.where(mask_BT.astype(bool), entropy_BT, 0.0)
+
+
 def one_step_logp(
     params: Params,
     config: LLaDAConfig,
@@ -145,20 +190,12 @@ def one_step_logp(
     """diffu-GRPO's one-step mean-field log-probs ``[B, T]`` (float32, 0 where ``mask_BT`` is
     0) of the response ``tokens_BT``; see the module docstring for the estimator and the meaning
     of a ratio of two of them on the same ``key``. Every response position is a [MASK] input
-    (including those after the EOS, as in d1); jit it, or the function calling it, yourself."""
-    B, P = prompt_tokens_BP.shape
-    T = tokens_BT.shape[1]
-    mask_id = config.mask_token_id
-    hidden_BP = masked_prompt(key, prompt_mask_BP, p_mask_prompt)
-    input_BS = jnp.concatenate(
-        [jnp.where(hidden_BP, mask_id, prompt_tokens_BP), jnp.full((B, T), mask_id, jnp.int32)],
-        axis=1,
+    (including those after the EOS, as in d1); jit it, or the function calling it, yourself.
+    Equal to `response_logp` on `corrupt_prompt` (``key``, ``p_mask_prompt``)."""
+    input_BP = corrupt_prompt(
+        key, prompt_tokens_BP, prompt_mask_BP, p_mask_prompt, config.mask_token_id
     )
-    valid_BS = jnp.concatenate([prompt_mask_BP.astype(bool), jnp.ones((B, T), bool)], axis=1)
-    logits_BTV = llada.forward(params, config, input_BS.astype(jnp.int32), valid_BS)[:, P:]
-    logp_BTV = jax.nn.log_softmax(logits_BTV.astype(F32), axis=-1)
-    logp_BT = jnp.take_along_axis(logp_BTV, tokens_BT[..., None].astype(jnp.int32), axis=-1)
-    return jnp.where(mask_BT.astype(bool), logp_BT[..., 0], 0.0)
+    return response_logp(params, config, input_BP, prompt_mask_BP, tokens_BT, mask_BT)
 
 
 # ---- generation -----------------------------------------------------------------------------
@@ -192,7 +229,7 @@ def _cut_at_eos(x_BT: jax.Array, eos_ids: tuple[int, ...], pad_id: int):
     jax.jit,
     static_argnames=("config", "gen_length", "block_length", "steps", "eos_ids", "pad_id"),
 )
-def _generate(
+def generate_arrays(
     params,
     config: LLaDAConfig,
     prompt_BP,
@@ -208,7 +245,10 @@ def _generate(
     steps: int,
     eos_ids: tuple[int, ...],
     pad_id: int,
-):
+) -> DiffusionRollout:
+    """The jitted core of `generate` for callers that checked their settings (the trainer's
+    phases): ``[B, P]`` prompts and mask, scalar ``temperature`` (float32), ``remasking``
+    (int32, the index in `REMASKING`) and ``p_mask_prompt`` (float32)."""
     B, P = prompt_BP.shape
     T = gen_length
     steps_per_block = steps // (gen_length // block_length)
@@ -325,7 +365,7 @@ def generate(
         )
     if logp_key is None:
         key, logp_key = jax.random.split(key)
-    return _generate(
+    return generate_arrays(
         params,
         config,
         prompts,

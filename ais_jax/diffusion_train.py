@@ -1,4 +1,9 @@
-"""Masked-diffusion SFT for LLaDA: the supervised warm start before diffu-GRPO.
+"""Masked-diffusion SFT for LLaDA (the supervised warm start) and the jitted diffu-GRPO phases.
+
+The RL phases (`make_phases`, `score`, `grpo_update`; the section "diffu-GRPO" below has the
+step and the batch layout) reuse `train.TrainState`, `train.Batch`, `train.make_optimizer`,
+`train.make_correction` and `grpo.loss` as they are: the corrections never learn that the
+model is a diffusion model. diffusion_run.py drives them through runner.py's loop.
 
 LLaDA's SFT objective (Nie et al. 2025, section 2.3 and the "SFT" section of LLaDA's
 GUIDELINES.md) trains the mask predictor on (prompt, response) pairs. The prompt is never
@@ -31,13 +36,19 @@ Dimensions: B rows, P prompt length, T response length, S = P + T, V vocabulary.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Callable, Mapping
 
 import jax
 import jax.numpy as jnp
 import optax
+from flax import struct
 
-from ais_jax import llada
+from ais_jax import ais, grpo, llada, train
+from ais_jax import diffusion_sampler as ds
+from ais_jax import sharding as shd
+from ais_jax.config import RolloutConfig
 from ais_jax.llada import LLaDAConfig
 from ais_jax.model import Params, cast_params
 
@@ -152,3 +163,360 @@ def make_sft_step(
         return params, opt_state, {**metrics, "grad_norm": optax.tree_utils.tree_norm(grads)}
 
     return jax.jit(sft_step)
+
+
+# ---- diffu-GRPO: the RL phases ------------------------------------------------------------------
+#
+# One RL step of a diffusion model (diffusion_run.py drives it; compare train.py's docstring):
+#
+#     sync      trainer params (float32) -> rollout copy (bf16, or FP8/FP4 `QArray`s)
+#     generate  `diffusion_sampler.generate_arrays` with the rollout copy
+#     (host)    decode, reward, group-relative advantages
+#     score     for each of the J = ``optim.ppo_epochs`` inner updates (d1's mu), a prompt mask
+#               from its own key: the corrupted prompt z_j, logp_rollout_j (the rollout copy's
+#               `response_logp` on z_j) and logp_old_j (the BF16 trainer's, start-of-batch
+#               params, on the same z_j)
+#     update    inner update j = 1..J: ``minibatches`` shuffled minibatches of `grpo.loss` with
+#               logp_new on z_j, logp_old_j and the correction (none/tis/ais/mis) on
+#               logp_rollout_j: its ratio is a pure precision ratio (same input, two numerical
+#               versions of the network; exactly 1 for a BF16 rollout of the same weights)
+#
+# The batch is a `train.Batch` whose fields carry the inner-update axis J after the rows:
+# ``prompt_tokens`` [B, J, P] are the corrupted prompts z_j (mask tokens in place), and
+# ``logp_rollout`` / ``logp_old`` are [B, J, T]; ``prompt_mask`` [B, P], ``tokens`` / ``mask``
+# [B, T] and ``advantages`` [B] are those of `train.update`. Rows lead every field, so the batch
+# shards over data x fsdp and a minibatch is a row selection, as in train.py. The loss and the
+# corrections are grpo.py's and ais.py's, unchanged: they see [b, T] log-probs.
+
+
+@struct.dataclass
+class Scored:
+    """The score phase's output: the corrupted prompts ``[B, J, P]``, logp_rollout and
+    logp_old ``[B, J, T]`` (float32) and the trainer's entropy ``[B, T]`` on mask 0."""
+
+    prompt_tokens: jax.Array
+    logp_rollout: jax.Array
+    logp_old: jax.Array
+    entropy: jax.Array
+
+
+def score(
+    rollout_params: Params,
+    params: Params,
+    config: LLaDAConfig,
+    prompt_tokens_BP,
+    prompt_mask_BP,
+    tokens_BT,
+    mask_BT,
+    mask_keys_J,
+    p_mask_prompt,
+    *,
+    dtype=jnp.bfloat16,
+) -> Scored:
+    """Per inner update j (key ``mask_keys_J[j]``): z_j = `diffusion_sampler.corrupt_prompt`,
+    logp_rollout_j under ``rollout_params`` and logp_old_j under ``params`` cast to ``dtype``,
+    both `diffusion_sampler.response_logp` on z_j (module section above)."""
+    trainer = cast_params(params, dtype)
+
+    def one(key):
+        z_BP = ds.corrupt_prompt(
+            key, prompt_tokens_BP, prompt_mask_BP, p_mask_prompt, config.mask_token_id
+        )
+        lr_BT = ds.response_logp(rollout_params, config, z_BP, prompt_mask_BP, tokens_BT, mask_BT)
+        lo_BT, h_BT = ds.response_logp(
+            trainer, config, z_BP, prompt_mask_BP, tokens_BT, mask_BT, return_entropy=True
+        )
+        return z_BP, lr_BT, lo_BT, h_BT
+
+    z_JBP, lr_JBT, lo_JBT, h_JBT = jax.lax.map(one, mask_keys_J)
+    rows_first = lambda x: jnp.moveaxis(x, 0, 1)  # noqa: E731
+    return Scored(
+        prompt_tokens=rows_first(z_JBP),
+        logp_rollout=rows_first(lr_JBT),
+        logp_old=rows_first(lo_JBT),
+        entropy=h_JBT[0],
+    )
+
+
+def grpo_update(
+    state: train.TrainState,
+    batch: train.Batch,
+    key: jax.Array,
+    *,
+    config: LLaDAConfig,
+    optimizer: optax.GradientTransformation,
+    optim,
+    loss_cfg,
+    correction,
+    dtype=jnp.bfloat16,
+) -> tuple[train.TrainState, dict[str, jax.Array]]:
+    """d1's inner updates on one scored batch (module section above): for j = 1..J, a new
+    shuffle (from ``key``) into ``optim.minibatches`` minibatches, each an AdamW step on
+    `grpo.loss` with ``logp_new = response_logp(params, z_j)``, ``logp_old_j`` and the
+    correction on ``logp_rollout_j``. U = J * minibatches metric values reduce to one per step
+    by `ais.reduce_minibatch_metrics`; a non-finite loss or gradient skips its minibatch."""
+    B, J = batch.logp_rollout.shape[:2]
+    M = optim.minibatches
+    perms = [jax.random.permutation(k, B) for k in jax.random.split(key, J)]
+    idx_UM = jnp.concatenate([p.reshape(M, B // M) for p in perms])  # U = J * M
+    j_U = jnp.repeat(jnp.arange(J), M)
+
+    def loss_fn(params, mb: train.Batch):
+        logp_new_BT = ds.response_logp(
+            cast_params(params, dtype), config, mb.prompt_tokens, mb.prompt_mask, mb.tokens, mb.mask
+        )
+        return grpo.loss(
+            logp_new_BT,
+            mb.logp_old,
+            mb.advantages,
+            mb.mask,
+            clip_low=loss_cfg.clip_low,
+            clip_high=loss_cfg.clip_high,
+            kl_coef=loss_cfg.kl_coef,
+            aggregation=loss_cfg.aggregation,
+            correction=correction,
+            logp_rollout_BT=mb.logp_rollout,
+        )
+
+    def minibatch_step(carry, x):
+        params, opt_state, skipped = carry
+        j, idx = x
+        inner = lambda a: a[idx][:, j]  # noqa: E731  (rows, then inner update j)
+        mb = train.Batch(
+            prompt_tokens=inner(batch.prompt_tokens),
+            prompt_mask=batch.prompt_mask[idx],
+            tokens=batch.tokens[idx],
+            mask=batch.mask[idx],
+            logp_rollout=inner(batch.logp_rollout),
+            logp_old=inner(batch.logp_old),
+            advantages=batch.advantages[idx],
+        )
+        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, mb)
+        updates, new_opt_state = optimizer.update(grads, opt_state, params)
+        ok = jnp.isfinite(loss) & train._all_finite(grads)
+        keep = lambda new, old: jax.tree_util.tree_map(  # noqa: E731
+            lambda a, b: jnp.where(ok, a, b), new, old
+        )
+        metrics = dict(metrics)
+        metrics["train/grad_norm"] = optax.tree_utils.tree_norm(grads)
+        metrics["train/skipped"] = (~ok).astype(F32)
+        carry = (
+            keep(optax.apply_updates(params, updates), params),
+            keep(new_opt_state, opt_state),
+            skipped + (~ok).astype(jnp.int32),
+        )
+        return carry, metrics
+
+    (params, opt_state, skipped), metrics_U = jax.lax.scan(
+        minibatch_step, (state.params, state.opt_state, state.skipped), (j_U, idx_UM)
+    )
+    metrics = ais.reduce_minibatch_metrics(metrics_U)
+    metrics["train/skipped_steps"] = skipped.astype(F32)
+    new_state = train.TrainState(
+        step=state.step + 1, params=params, opt_state=opt_state, skipped=skipped
+    )
+    return new_state, metrics
+
+
+def masked_sft_step(
+    params, opt_state, prompt_tokens, prompt_mask, tokens, mask, key, *, config, optimizer, dtype
+):
+    """One `sft_loss` step for the runner's SFT phase: ``(params, opt_state, loss)``."""
+
+    def loss_fn(p):
+        batch = dict(prompt_tokens=prompt_tokens, prompt_mask=prompt_mask, tokens=tokens, mask=mask)
+        return sft_loss(cast_params(p, dtype), config, batch, key)[0]
+
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+
+# ---- the jitted phases --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class DiffusionPhases:
+    """The jitted phases of a LLaDA run (`make_phases`), with `train.Phases`' conventions
+    (global arrays on the mesh, rows over data x fsdp, the TRAIN / ROLLOUT layouts, donation).
+
+    init(params) -> TrainState;  sync(params) -> rollout copy;  sync_bf16 (evaluation policy)
+    generate(rollout params, prompts, prompt_mask, key, logp_key, temperature, remasking,
+             p_mask_prompt) -> DiffusionRollout;  generate_bf16 (the same program)
+    score(rollout params, params, prompt_tokens, prompt_mask, tokens, mask, mask_keys,
+          p_mask_prompt) -> Scored
+    update(state, batch, key) -> (state, metrics)        donates ``state``
+    sft_init(params) -> opt_state
+    sft_step(params, opt_state, prompt_tokens, prompt_mask, tokens, mask, key)
+        -> (params, opt_state, loss)                     donates params and opt_state
+    """
+
+    init: Callable
+    sync: Callable
+    generate: Callable
+    sync_bf16: Callable
+    generate_bf16: Callable
+    score: Callable
+    update: Callable
+    sft_init: Callable
+    sft_step: Callable
+
+
+def make_phases(
+    mesh: jax.sharding.Mesh,
+    cfg,
+    config: LLaDAConfig,
+    *,
+    eos_ids: tuple[int, ...] = (),
+    pad_id: int = 0,
+    compute_dtype=None,
+) -> DiffusionPhases:
+    """The phases of training LLaDA ``config`` under ``cfg`` (a `config.TrainConfig`) on
+    ``mesh``, memoised on what each reads like `train.make_phases` (arms and seeds of a
+    comparison share them). Sampling options are runtime arguments: no recompiles."""
+    dtype = compute_dtype or train.COMPUTE_DTYPE
+    r = cfg.rollout
+    weights = train._weights(r)
+    bf16 = RolloutConfig(format="bf16")
+    decode = dict(
+        gen_length=r.max_new_tokens,
+        block_length=r.diffusion.block_length,
+        steps=r.diffusion.steps,
+        eos_ids=tuple(eos_ids),
+        pad_id=pad_id,
+    )
+    return DiffusionPhases(
+        init=_init_phase(mesh, config, cfg.optim, cfg.steps),
+        sync=_sync_phase(mesh, config, weights, dtype),
+        generate=_generate_phase(mesh, config, weights, dtype, **decode),
+        sync_bf16=_sync_phase(mesh, config, bf16, dtype),
+        generate_bf16=_generate_phase(mesh, config, bf16, dtype, **decode),
+        score=_score_phase(mesh, config, weights, dtype),
+        update=_update_phase(mesh, config, cfg.optim, cfg.steps, cfg.loss, cfg.correction, dtype),
+        sft_init=_sft_init_phase(mesh, config, cfg.sft),
+        sft_step=_sft_step_phase(mesh, config, cfg.sft, dtype),
+    )
+
+
+def _master(config: LLaDAConfig) -> Params:
+    return jax.eval_shape(lambda k: llada.init_params(config, k), jax.random.key(0))
+
+
+def _copy(config: LLaDAConfig, rollout: RolloutConfig, dtype) -> Params:
+    sync = functools.partial(train.sync_rollout_params, cfg=rollout, dtype=dtype)
+    return jax.eval_shape(sync, _master(config))
+
+
+@functools.lru_cache(maxsize=train._MEMO)
+def _init_phase(mesh, config: LLaDAConfig, optim, steps: int) -> Callable:
+    init = functools.partial(train.init_state, optimizer=train.make_optimizer(optim, steps))
+    shardings = shd.param_shardings(jax.eval_shape(init, _master(config)), mesh, shd.TRAIN)
+    jitted = jax.jit(init, out_shardings=shardings)
+    return lambda params: jitted(jax.device_put(params, shardings.params))
+
+
+@functools.lru_cache(maxsize=train._MEMO)
+def _sync_phase(mesh, config: LLaDAConfig, rollout: RolloutConfig, dtype) -> Callable:
+    sync = functools.partial(train.sync_rollout_params, cfg=rollout, dtype=dtype)
+    in_train = shd.param_shardings(_copy(config, rollout, dtype), mesh, shd.TRAIN)
+    return jax.jit(
+        lambda params: jax.lax.with_sharding_constraint(sync(params), in_train),
+        in_shardings=(shd.param_shardings(_master(config), mesh, shd.TRAIN),),
+        out_shardings=shd.param_shardings(_copy(config, rollout, dtype), mesh, shd.ROLLOUT),
+    )
+
+
+@functools.lru_cache(maxsize=train._MEMO)
+def _generate_phase(mesh, config: LLaDAConfig, rollout: RolloutConfig, dtype, **decode) -> Callable:
+    def rollout_fn(params, prompts, prompt_mask, key, logp_key, temperature, remasking, p_mask):
+        return ds.generate_arrays(
+            params,
+            config,
+            prompts,
+            prompt_mask,
+            key,
+            logp_key,
+            temperature,
+            remasking,
+            p_mask,
+            **decode,
+        )
+
+    rows, rep = shd.batch_sharding(mesh), shd.replicated(mesh)
+    copy = shd.param_shardings(_copy(config, rollout, dtype), mesh, shd.ROLLOUT)
+    out = ds.DiffusionRollout(*[rows] * 8, logp_key=rep)
+    return jax.jit(
+        rollout_fn,
+        in_shardings=(copy, rows, rows, rep, rep, rep, rep, rep),
+        out_shardings=out,
+    )
+
+
+@functools.lru_cache(maxsize=train._MEMO)
+def _score_phase(mesh, config: LLaDAConfig, rollout: RolloutConfig, dtype) -> Callable:
+    rows, rep = shd.batch_sharding(mesh), shd.replicated(mesh)
+    copy = shd.param_shardings(_copy(config, rollout, dtype), mesh, shd.ROLLOUT)
+    master = shd.param_shardings(_master(config), mesh, shd.TRAIN)
+
+    def score_fn(rollout_params, params, *batch):
+        return score(rollout_params, params, config, *batch, dtype=dtype)
+
+    return jax.jit(
+        score_fn,
+        in_shardings=(copy, master, rows, rows, rows, rows, rep, rep),
+        out_shardings=rows,
+    )
+
+
+@functools.lru_cache(maxsize=train._MEMO)
+def _update_phase(mesh, config: LLaDAConfig, optim, steps, loss_cfg, correction, dtype) -> Callable:
+    optimizer = train.make_optimizer(optim, steps)
+    step = functools.partial(
+        grpo_update,
+        config=config,
+        optimizer=optimizer,
+        optim=optim,
+        loss_cfg=loss_cfg,
+        correction=train.make_correction(correction),
+        dtype=dtype,
+    )
+    init = functools.partial(train.init_state, optimizer=optimizer)
+    state_sh = shd.param_shardings(jax.eval_shape(init, _master(config)), mesh, shd.TRAIN)
+    rep = shd.replicated(mesh)
+    return jax.jit(
+        step,
+        in_shardings=(state_sh, shd.batch_sharding(mesh), rep),
+        out_shardings=(state_sh, rep),
+        donate_argnums=0,
+    )
+
+
+def make_sft_optimizer(sft) -> optax.GradientTransformation:
+    """`train.make_sft_optimizer` (Adam, warmup + cosine) after global-norm clipping at 1 (the
+    Hugging Face Trainer default that LLaDA's and d1's SFT run with): the 1/p_b weights of
+    `sft_loss` reach 1/eps = 1000 on a lightly masked row, and one such row's gradient would
+    otherwise take a full Adam step."""
+    return optax.chain(optax.clip_by_global_norm(1.0), train.make_sft_optimizer(sft))
+
+
+@functools.lru_cache(maxsize=train._MEMO)
+def _sft_init_phase(mesh, config: LLaDAConfig, sft) -> Callable:
+    init = make_sft_optimizer(sft).init
+    shardings = shd.param_shardings(jax.eval_shape(init, _master(config)), mesh, shd.TRAIN)
+    master = shd.param_shardings(_master(config), mesh, shd.TRAIN)
+    return jax.jit(init, in_shardings=(master,), out_shardings=shardings)
+
+
+@functools.lru_cache(maxsize=train._MEMO)
+def _sft_step_phase(mesh, config: LLaDAConfig, sft, dtype) -> Callable:
+    optimizer = make_sft_optimizer(sft)
+    step = functools.partial(masked_sft_step, config=config, optimizer=optimizer, dtype=dtype)
+    master = shd.param_shardings(_master(config), mesh, shd.TRAIN)
+    opt_sh = shd.param_shardings(jax.eval_shape(optimizer.init, _master(config)), mesh, shd.TRAIN)
+    rows, rep = shd.batch_sharding(mesh), shd.replicated(mesh)
+    return jax.jit(
+        step,
+        in_shardings=(master, opt_sh, rows, rows, rows, rows, rep),
+        out_shardings=(master, opt_sh, rep),
+        donate_argnums=(0, 1),
+    )

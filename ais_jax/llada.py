@@ -151,6 +151,32 @@ class LLaDAConfig:
             intermediate_size=12_288,
         )
 
+    @classmethod
+    def tiny(cls) -> LLaDAConfig:
+        """A LLaDA-shaped model for CPU runs on the synthetic tasks: the character vocabulary
+        (`tasks.CharTokenizer`, 78 ids, <pad> 0, <eos> 2) plus the mask token (id 78)."""
+        return cls(
+            vocab_size=79,
+            hidden_size=128,
+            num_layers=4,
+            num_heads=4,
+            num_kv_heads=4,
+            intermediate_size=384,
+            rope_theta=10_000.0,
+            mask_token_id=78,
+            eos_token_id=2,
+            pad_token_id=0,
+            max_position_embeddings=512,
+        )
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> LLaDAConfig:
+        """``"tiny"`` or ``"llada-8b"`` with field overrides (a ValueError names the choices)."""
+        presets = {"tiny": cls.tiny, "llada-8b": cls.llada_8b}
+        if name not in presets:
+            raise ValueError(f"Unknown LLaDA preset {name!r}; valid presets: {list(presets)}.")
+        return dataclasses.replace(presets[name](), **overrides)
+
     # ---- LLaDA's config.json --------------------------------------------------------------
     @classmethod
     def from_hf_dict(cls, hf: dict[str, Any], *, source: str = "config.json") -> LLaDAConfig:

@@ -127,7 +127,7 @@ def check_training_run(ctx):
     from training_run import RUN
 
     from ais_jax.config import TrainConfig, from_dict
-    from ais_jax.runner import run_training
+    from ais_jax.job import run_training
 
     cfg = from_dict(TrainConfig, RUN)
     summary = run_training(cfg, os.path.join(ctx["tmp"], "run_two_processes"), show_progress=False)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from pathlib import Path
 
 import pytest
 
@@ -456,3 +457,57 @@ def test_resume_under_another_experiment_is_an_error_naming_the_settings(sets, n
     for fragment in named:
         assert fragment in message, message
     assert "steps:" not in message  # an allowed change is not an error
+
+
+# ---- model.family: llada ------------------------------------------------------------------------
+
+LLADA = {"model": {"family": "llada"}}
+
+
+def test_llada_tiny_yaml_loads():
+    path = Path(__file__).parent.parent / "configs" / "llada_tiny.yaml"
+    cfg = load_config(path)
+    assert cfg.model.family == "llada" and cfg.task.name == "countdown"
+    assert cfg.rollout.diffusion.p_mask_prompt == 0.15 and cfg.optim.ppo_epochs == 2
+    assert load_config(path, ["task.name=sudoku", "task.options={}"]).task.name == "sudoku"
+
+
+@pytest.mark.parametrize(
+    "data, fragments",
+    [
+        ({"model": {"family": "mamba"}}, ["model.family='mamba'", "['autoregressive', 'llada']"]),
+        (
+            {**LLADA, "rollout": {"diffusion": {"block_length": 5}}},
+            ["rollout.diffusion.block_length=5", "must divide", "max_new_tokens = 16"],
+        ),
+        (
+            {**LLADA, "rollout": {"diffusion": {"steps": 3}}},
+            ["rollout.diffusion.steps=3", "multiple of the number of blocks (2"],
+        ),
+        (
+            {**LLADA, "rollout": {"diffusion": {"steps": 18}}},
+            ["rollout.diffusion.steps=18", "at most max_new_tokens (16)"],
+        ),
+        (
+            {**LLADA, "rollout": {"diffusion": {"remasking": "greedy"}}},
+            ["rollout.diffusion.remasking='greedy'", "['low_confidence', 'random']"],
+        ),
+        (
+            {**LLADA, "rollout": {"diffusion": {"p_mask_prompt": 1.5}}},
+            ["rollout.diffusion.p_mask_prompt=1.5", "[0, 1]"],
+        ),
+        ({**LLADA, "rollout": {"top_k": 5}}, ["rollout.top_k=5", "full softmax"]),
+        ({**LLADA, "loss": {"kl_coef": 0.1}}, ["loss.kl_coef=0.1", "use 0"]),
+        ({"model": {"family": "llada", "head_dim": 16}}, ["model.head_dim=16", "hidden_size"]),
+        (
+            {"model": {"family": "llada", "checkpoint": "ckpt"}},
+            ["model.checkpoint='ckpt'", "family llada"],
+        ),
+        (
+            {"rollout": {"diffusion": {"steps": 4}}},
+            ["rollout.diffusion=", "only with model.family=llada"],
+        ),
+    ],
+)
+def test_llada_settings_are_checked(data, fragments):
+    check_error(data, *fragments)

@@ -174,7 +174,7 @@ def test_sampling_options_do_not_recompile(params):
     four combinations, each token for token the reference with the same noise."""
     shape = SHAPE
     run(params, shape)
-    compiled = ds._generate._cache_size()
+    compiled = ds.generate_arrays._cache_size()
     seen = []
     for temperature, remasking in [(0.8, "low_confidence"), (0.0, "random"), (1.5, "random")]:
         r = run(params, shape, temperature, remasking, p_mask_prompt=0.3)
@@ -183,7 +183,7 @@ def test_sampling_options_do_not_recompile(params):
             np.asarray(r.tokens), ref, err_msg=f"{temperature, remasking}"
         )
         seen.append(ref)
-    assert ds._generate._cache_size() == compiled
+    assert ds.generate_arrays._cache_size() == compiled
     greedy = reference_generate(params, PROMPTS, KEY, *shape, 0.0, "low_confidence")
     assert all((s != greedy).any() for s in seen)  # each option changed the result
 

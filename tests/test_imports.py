@@ -37,6 +37,7 @@ HEAVY = (
     "ais_jax.sampler",
     "ais_jax.train",
     "ais_jax.runner",
+    "ais_jax.job",
     "ais_jax.hf",
 )
 

@@ -15,7 +15,7 @@ import json
 
 from ais_jax.cli import default_config_path
 from ais_jax.config import load_config
-from ais_jax.runner import run_training
+from ais_jax.job import run_training
 
 SHORTENED = [
     "sft.steps=1500",

@@ -1,4 +1,4 @@
-"""Integration specifications of the GRPO training job (`runner.run_training`, SPEC section 4).
+"""Integration specifications of the GRPO training job (`job.run_training`, SPEC section 4).
 
 Every arm of the paper (BF16 rollout, FP8 uncorrected, FP8 + TIS, FP8 + AIS) and the extras (MIS,
 an FP4 rollout, per-token activation scaling) runs a few RL steps of a one-layer model: each
@@ -45,8 +45,9 @@ from ais_jax.config import (
     load_config,
 )
 from ais_jax.hf import CheckpointError
+from ais_jax.job import run_training
 from ais_jax.model_config import ModelConfig
-from ais_jax.runner import Run, run_training
+from ais_jax.runner import Run
 from ais_jax.sharding import make_mesh
 
 # One layer, hidden 64, 16 rollouts (4 prompts x 4 answers) of at most 6 tokens per step. 40 SFT
@@ -552,7 +553,8 @@ def test_package_imports_form_no_cycle_and_the_core_has_no_hidden_imports():
         nested = [n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)]
         graph[name] = {m for n in top for m in _modules(n, name) if m.startswith("ais_jax")}
         hidden[name] = {m for n in nested if n not in top for m in _modules(n, name)}
-    for core in ("ais_jax.config", "ais_jax.sharding", "ais_jax.train", "ais_jax.runner"):
+    cores = ("ais_jax.config", "ais_jax.sharding", "ais_jax.train", "ais_jax.runner", "ais_jax.job")
+    for core in cores:
         assert not {m for m in hidden[core] if m.startswith("ais_jax")}, (core, hidden[core])
     done, stack = set(), []
 
@@ -588,7 +590,7 @@ def _modules(node, importer: str) -> list[str]:
 # steps of this model take milliseconds: polling alone would race).
 _KILLABLE = textwrap.dedent("""
     import functools, sys, time
-    import ais_jax.runner as runner
+    import ais_jax.job as job
     from ais_jax.cli import main
 
     stop = int(sys.argv[1])
@@ -597,7 +599,7 @@ _KILLABLE = textwrap.dedent("""
         if row["step"] >= stop:
             time.sleep(3600)
 
-    runner.run_training = functools.partial(runner.run_training, on_step=hang_after_stop)
+    job.run_training = functools.partial(job.run_training, on_step=hang_after_stop)
     sys.exit(main(sys.argv[2:]))
 """)
 

@@ -28,6 +28,16 @@ only when the tags are missing, giving 0.1 to a tagged string that ``eval`` reje
 prompts are tag-free (the character vocabulary has no ``<``), so "well-formed" means
 "parses" and an unparsable last line scores 0.0.
 
+d1 (diffu-GRPO's ``countdown_reward_func``) scores Countdown with the same ``compute_score``
+(format score 0.1, score 1.0), so these are d1's levels too, with these departures, each because
+our prompts are tag-free character strings: (1) the answer is the last non-empty line, not the
+last ``<answer>...</answer>`` span (no tags: 0.0 in both); (2) d1 gives 0.1 to a tagged answer
+that uses the right numbers but does not evaluate and 0.1 to any other tagged text that fails its
+number check, while we give 0.0 to a line that does not parse (and 0.1 to one that parses but is
+wrong); (3) d1 evaluates with Python ``eval`` (unary minus and decimals allowed, a float
+compared to the target within 1e-5), we parse exactly as below (no unary minus or decimals,
+exact Fraction equality).
+
 The expression is parsed by a small recursive-descent parser, never ``eval``: non-negative
 integer literals, binary ``+ - * /``, parentheses and spaces. Arithmetic is exact
 (:class:`fractions.Fraction`), so ``4/3*3`` is 4 and non-integer intermediate values are

@@ -16,6 +16,13 @@ completed grid obeying the rules; per-cell matching is simply the cheaper, dense
 answer is the *last non-empty line* of the response with ``|`` and spaces removed; it must be
 exactly 16 digits from 1-4, else the reward is 0.0. Given cells are not scored: a response
 that changes a given earns nothing for it and loses nothing for it.
+
+This is d1's 4x4 Sudoku reward (diffu-GRPO's ``sudoku_reward_func``: the fraction of the
+puzzle's empty cells whose digit matches the solution) with two departures, both about finding
+the answer: d1 reads the last ``<answer>...</answer>`` span (our prompts have no tags; we read
+the last non-empty line), keeps only its digits and pads or cuts them to 16, so a short or long
+answer is still scored cell by cell; we require exactly 16 digits from 1-4 (``|`` and spaces
+removed) and score anything else 0.0.
 """
 
 from __future__ import annotations
