@@ -285,9 +285,6 @@ def preset(name: str, **overrides: Any):
 
     if name.lower().replace("_", "-") in qwen35.PRESETS:
         return qwen35.Qwen35Config.preset(name, **overrides)
-    try:
-        return ModelConfig.preset(name, **overrides)
-    except ValueError:
-        raise ValueError(
-            f"Unknown model preset {name!r}; valid presets: {preset_names()}."
-        ) from None
+    if name.lower().replace("-", "_").replace(".", "p") not in PRESETS:
+        raise ValueError(f"Unknown model preset {name!r}; valid presets: {preset_names()}.")
+    return ModelConfig.preset(name, **overrides)  # its settings' errors pass through
