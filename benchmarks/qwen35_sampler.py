@@ -34,31 +34,12 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sampler import RESULT_TAG, _prompts, _timed, cpu_model, run_child, worker_hf  # noqa: E402
+from sampler import RESULT_TAG, SIZES, _prompts, _timed, cpu_model, run_child, worker_hf  # noqa: E402
 
 # Qwen3 shapes of benchmarks/sampler.py's SIZES, plus the Gated DeltaNet heads of the Qwen3.5
 # shape: every 4th layer full attention (Qwen3.5's pattern), linear heads of the attention's
 # head dim, J = K key heads and U = H value heads.
-SHAPES = {
-    "tiny": dict(
-        vocab_size=512,
-        hidden_size=128,
-        num_layers=4,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=32,
-        intermediate_size=384,
-    ),
-    "small": dict(
-        vocab_size=32_000,
-        hidden_size=512,
-        num_layers=8,
-        num_heads=8,
-        num_kv_heads=4,
-        head_dim=64,
-        intermediate_size=1536,
-    ),
-}
+SHAPES = SIZES
 
 
 def qwen35_hf_config(s: dict) -> dict:
