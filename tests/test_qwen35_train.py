@@ -8,9 +8,15 @@
 * A tiny Qwen3.5 checkpoint written by transformers, loaded with `load_hf`, trains through
   `train.make_phases`' phases: FP8 rollout, BF16 score, AIS-corrected GRPO updates (finite
   loss, params change), and BF16 rollout log-probs equal the trainer's score.
+* The notebooks' public API (`load_hf`, `quantize_fp8`, `generate`, `token_logprobs`,
+  `mismatch_metrics`, `quantize_params`) serves the same checkpoint unchanged.
+* `compare` trains a tiny Qwen3.5 in two arms (bf16, fp8+ais) from one start, end to end
+  through the job the CLI runs (SFT warm start, RL steps at 16 rows, metrics).
 """
 
 from __future__ import annotations
+
+import json
 
 import jax
 import jax.numpy as jnp
@@ -18,11 +24,21 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from training_run import TINY_RUN
 
-from ais_jax import grpo, model_config, plan, qwen35, train
-from ais_jax.config import CorrectionConfig, MeshConfig, OptimConfig, RolloutConfig, TrainConfig
+import ais_jax
+from ais_jax import compare, grpo, model_config, plan, qwen35, train
+from ais_jax.config import (
+    CorrectionConfig,
+    MeshConfig,
+    OptimConfig,
+    RolloutConfig,
+    TrainConfig,
+    from_dict,
+)
 from ais_jax.hf import load_hf
 from ais_jax.model_config import ModelConfig
+from ais_jax.plots import read_metrics
 from ais_jax.sharding import make_mesh
 
 
@@ -149,3 +165,65 @@ def test_grpo_steps_with_fp8_rollout_and_ais(checkpoint):
     mask = np.asarray(bf16.mask)
     d = np.abs(np.asarray(trainer) - np.asarray(bf16.logp_plain))[mask]
     assert mask.sum() >= B and d.max() <= 0.05 and d.mean() <= 5e-3, (d.max(), d.mean())
+
+
+def test_the_notebooks_api_on_a_qwen35_checkpoint(checkpoint):
+    """Notebook 01's calls, unchanged, on the transformers checkpoint: `load_hf` (BF16),
+    `quantize_fp8` (every projection of both mixers FP8), `generate`, `token_logprobs`,
+    `mismatch_metrics` and `quantize_params` for the other formats. The FP8 rollout differs
+    from the BF16 trainer (mean |d| > 0, token ESS < 1) and FP4 differs more; a BF16 copy
+    sampled and re-scored in float32 differs only by bf16 rounding."""
+    config, params = ais_jax.load_hf(checkpoint)
+    rollout_params = ais_jax.quantize_fp8(params)
+    layers = rollout_params["layers"]
+    for name in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj", "q_proj"):
+        assert isinstance(layers[name], ais_jax.quant.QArray), name
+    prompts = np.random.default_rng(0).integers(0, config.vocab_size, size=(8, 5))
+    rollout = ais_jax.generate(rollout_params, config, prompts, jax.random.key(0), max_new_tokens=6)
+    score = jax.jit(ais_jax.token_logprobs, static_argnums=1)
+    sampled = (rollout.prompt_tokens, rollout.prompt_mask, rollout.tokens, rollout.mask)
+    logp_train = score(params, config, *sampled)
+
+    def gap(logp_BT):
+        m = ais_jax.mismatch_metrics(logp_train, logp_BT, rollout.mask)
+        return float(m["mismatch/mean_abs"]), float(m["mismatch/ess_ratio_raw"])
+
+    fp8, fp8_ess = gap(rollout.logp_plain)
+    fp4, _ = gap(score(ais_jax.quantize_params(params, "float4_e2m1fn"), config, *sampled))
+    _, params_fp32 = ais_jax.load_hf(checkpoint, dtype=jnp.float32)
+    bf16_vs_fp32, _ = gap(score(params_fp32, config, *sampled))
+    assert 0 < bf16_vs_fp32 < fp8 < fp4 and fp8_ess < 1.0, (bf16_vs_fp32, fp8, fp4, fp8_ess)
+
+
+# `tests/training_run.py`'s TINY_RUN with the tiny Qwen3.5 (3 Gated DeltaNet layers and one
+# gated-attention layer, hidden 64): 16 rollouts per step.
+QWEN35_RUN = {
+    **TINY_RUN,
+    "steps": 2,
+    "eval_every": 0,
+    "model": {"preset": "qwen3.5-tiny", "hidden_size": 64, "intermediate_size": 128},
+    "task": {**TINY_RUN["task"], "eval_examples": 8},
+    "sft": {**TINY_RUN["sft"], "steps": 4},
+}
+
+
+def test_compare_trains_qwen35_arms_from_one_start(tmp_path):
+    """`compare.run_comparison` (the trainer's whole job per arm) on the tiny Qwen3.5: two
+    arms from one start, each with its metrics; the BF16 rollout is the trainer's policy (no
+    mismatch beyond float32 summation order) and the FP8 + AIS arm's is."""
+    out = tmp_path / "cmp"
+    cfg = from_dict(TrainConfig, QWEN35_RUN)
+    table = compare.run_comparison(cfg, out, seeds=1, arms="bf16,fp8+ais", show_progress=False)
+    assert "bf16" in table and "fp8+ais" in table
+    rows = {arm: read_metrics(out / arm / "seed0" / "metrics.jsonl") for arm in ("bf16", "fp8_ais")}
+    assert all(len(r) == 2 for r in rows.values())
+    # the BF16 sampler decodes token by token, the trainer runs the chunked rule: equal up to
+    # float32 summation order, so ~1e-5 nats apart (measured) where FP8 is ~3e-3 apart
+    bf16, fp8 = (max(r["mismatch/mean_abs"] for r in rows[a]) for a in ("bf16", "fp8_ais"))
+    assert bf16 < 1e-4 and fp8 > 10 * max(bf16, 1e-4), (bf16, fp8)
+    assert all(r["train/skipped_steps"] == 0 for r in rows["fp8_ais"])
+    start = {
+        json.loads((out / a / "seed0" / "start.json").read_text())["sha256"]
+        for a in ("bf16", "fp8_ais")
+    }
+    assert len(start) == 1
