@@ -41,7 +41,6 @@ import functools
 import importlib.util
 import json
 import os
-import platform
 import resource
 import statistics
 import sys
@@ -282,7 +281,9 @@ def worker_trl(a) -> dict:
 
 
 def worker_ckpt(a) -> dict:
-    return _sampler_bench().worker_ckpt(a)
+    bench = _sampler_bench()
+    a.shape = json.dumps(bench.shape_of(a.size, str(HERE.parent)))  # its writer takes a shape
+    return bench.worker_ckpt(a)
 
 
 WORKERS = {"ais_jax": worker_ais_jax, "trl": worker_trl, "ckpt": worker_ckpt}
@@ -315,16 +316,6 @@ def spawn(python: Path, worker: str, args, **extra) -> dict:
     return _sampler_bench().run_child(
         cmd, env, timeout=args.timeout, verbose=args.verbose, tag=RESULT_TAG
     )
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip() + f", {os.cpu_count()} cores"
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def report(size: str, results: dict[str, dict]) -> None:
@@ -362,7 +353,8 @@ def report(size: str, results: dict[str, dict]) -> None:
         "step cpu-s",
         "TRL step / step",
     ]
-    print(f"\n{size}: {ROWS} rollouts, prompt {PROMPT_LEN}, {NEW_TOKENS} new tokens; {cpu_model()}")
+    cpu = f"{_sampler_bench().cpu_model()}, {os.cpu_count()} cores"
+    print(f"\n{size}: {ROWS} rollouts, prompt {PROMPT_LEN}, {NEW_TOKENS} new tokens; {cpu}")
     bench.print_table(rows, header)
     for name, r in ok.items():
         print(f"  {name}: {r['version']}; steps {[round(s, 2) for s in r['steps_s']]}")
@@ -406,7 +398,8 @@ def main() -> None:
     if args.worker:
         return run_worker(args)
 
-    print(f"CPU: {cpu_model()}; python {sys.version.split()[0]}")
+    cpu = f"{_sampler_bench().cpu_model()}, {os.cpu_count()} cores"
+    print(f"CPU: {cpu}; python {sys.version.split()[0]}")
     trl_python = Path(args.trl_python)
     engines = args.engines.split(",")
     for size in args.sizes.split(","):
