@@ -93,6 +93,9 @@ ROPE_THETA = 1_000_000.0
 PEER_ROOT = Path(os.environ.get("AIS_BENCH_PEERS", "/work/peers"))
 RESULT_TAG = "BENCH_RESULT "
 SETUP_HINT = "bash benchmarks/peers_setup.sh"
+# jaxlib 0.10.2's XLA:CPU runs dots as YNNPACK fusions by default; this empties that list, so
+# dots go back to Eigen (`--ais-xla-flags`; benchmarks/README.md).
+EIGEN_DOTS = "--xla_cpu_experimental_ynn_fusion_type="
 
 
 # ---- sizes and bytes ----------------------------------------------------------------------------
@@ -284,7 +287,8 @@ def worker_ais_jax(a) -> dict:
         **_timed(call, a.repeats),
         "prepare_s": prepare_s,
         "version": f"jax {jax.__version__}, ais_jax from {Path(ais_jax.__file__).parent.parent}"
-        f", layout {a.layout}",
+        f", layout {a.layout}"
+        + (f", XLA_FLAGS {xla}" if (xla := os.environ.get("XLA_FLAGS")) else ""),
     }
 
 
@@ -519,6 +523,8 @@ def spawn(
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TOKENIZERS_PARALLELISM="false")
     if worker in ("ais_jax", "draw"):  # the engine under test, from --ais-src (this checkout)
         env["PYTHONPATH"] = args.ais_src + os.pathsep + env.get("PYTHONPATH", "")
+        if args.ais_xla_flags:  # ais_jax's workers only: tunix is a JAX program too
+            env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + args.ais_xla_flags).strip()
     return run_child(cmd, env, timeout=args.timeout, verbose=args.verbose)
 
 
@@ -638,6 +644,12 @@ def main() -> None:
         "--layout",
         default="auto",
         help="ais_jax decode layout: auto (the backend's), in_out_f32_values or out_in",
+    )
+    p.add_argument(
+        "--ais-xla-flags",
+        default="",
+        help="XLA_FLAGS added for the ais_jax workers only (e.g. "
+        f"'{EIGEN_DOTS}': XLA:CPU's Eigen dots instead of YNNPACK's)",
     )
     p.add_argument("--keep-ckpt", default=None, help="write the checkpoints here and keep them")
     p.add_argument("--json", default=None, help="also write every result to this file")
