@@ -1,4 +1,4 @@
-"""Seconds per whole GRPO step of ais_jax side by side with TRL's `GRPOTrainer`, on CPU.
+"""Seconds per whole GRPO step of ais_jax beside TRL's `GRPOTrainer` and tunix's `GRPOLearner`.
 
 The workload of issue 19, the same for every engine: one random Qwen3 checkpoint (float32
 weights written by `transformers` `Qwen3ForCausalLM.save_pretrained`, as benchmarks/sampler.py
@@ -10,7 +10,7 @@ function costs the same in every engine). Each engine runs ``--warmup`` steps (c
 calls), then ``--steps`` timed steps; the median step and the median of each phase are reported,
 with the process's peak resident memory (``ru_maxrss``: compile and weights included).
 
-Engines (each in its own subprocess and interpreter; peers in their own venvs, which
+Engines (each in its own subprocess and interpreter, on CPU; peers in their own venvs, which
 ``benchmarks/peers_setup.sh --trl`` creates under /work/peers):
 
 - ``ais_jax-bf16``, ``ais_jax-fp8``: `train.make_phases` as `Run` drives them: sync (the bf16
@@ -23,15 +23,24 @@ Engines (each in its own subprocess and interpreter; peers in their own venvs, w
   rest of the step (TRL's own scoring of nothing: on-policy it takes logp_old = detached
   logp_new, as ais_jax does); ``+score``: one more no-grad log-prob pass over the batch
   (`_get_per_token_logps_and_entropies`), timed apart and added.
+- ``tunix``: `tunix.rl.grpo.grpo_learner.GRPOLearner` on an `RLCluster` whose actor and vanilla
+  rollout share one `tunix.models.qwen3` model on a 1x1 mesh (no weight sync), loaded from the
+  checkpoint with bf16 compute and float32 params (tunix's default is float32 for both), over
+  `sampler.IdsTokenizer` (eos id -1: never sampled, so every row has 64 tokens; tunix has no
+  minimum length). *rollout* is `RLCluster.generate`; *update* the rest of the global step
+  (rewards, advantages, `update_actor`, until the new params are ready); ``+score``: one
+  `RLCluster.get_old_per_token_logps` pass over the batch, timed apart and added.
 
 Where the engines do different work: ais_jax records the rollout's log-probs of every token and
 the AIS diagnostics (mismatch, ESS, alpha) that TRL does not compute without vLLM; TRL runs the
 update in float32 (ais_jax: bf16 forward/backward, float32 master weights and Adam); TRL
 masks with its tokenizer's pad/eos and applies ``min_new_tokens`` as a logits processor;
-tunix's `GRPOLearner` is not run here yet (see benchmarks/README.md).
+tunix masks completion tokens equal to its pad id 0 (a sampled id 0, p ~ 1/vocab per token,
+drops out of its loss) and, like TRL, computes no rollout log-probs or AIS diagnostics; on-policy
+(one iteration) neither peer runs a scoring pass.
 
     python benchmarks/grpo_step.py                        # tiny and small, every engine
-    python benchmarks/grpo_step.py --sizes tiny --engines ais_jax-bf16,trl --steps 3
+    python benchmarks/grpo_step.py --sizes tiny --engines ais_jax-bf16,trl,tunix --steps 3
 """
 
 from __future__ import annotations
@@ -53,7 +62,8 @@ PROMPTS, GROUP, PROMPT_LEN, NEW_TOKENS, LR = 16, 8, 32, 64, 1e-5
 ROWS = PROMPTS * GROUP
 PEER_ROOT = Path(os.environ.get("AIS_BENCH_PEERS", "/work/peers"))
 RESULT_TAG = "GRPO_STEP_RESULT "
-ENGINES = ("ais_jax-bf16", "ais_jax-fp8", "trl")
+ENGINES = ("ais_jax-bf16", "ais_jax-fp8", "trl", "tunix")
+PEERS = ("trl", "tunix")  # engines run in their own venv, by a worker of the same name
 
 
 @functools.cache
@@ -280,13 +290,133 @@ def worker_trl(a) -> dict:
     return result
 
 
+def worker_tunix(a) -> dict:
+    import importlib.metadata
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+    from flax import nnx
+    from tunix.models.qwen3 import model as model_lib
+    from tunix.models.qwen3 import params as params_lib
+    from tunix.rl import rl_cluster as rl_cluster_lib
+    from tunix.rl.grpo import grpo_learner
+    from tunix.rl.rollout import base_rollout
+    from tunix.sft import metrics_logger
+
+    bench = _sampler_bench()
+    s = bench.shape_of(a.size, str(HERE.parent))  # tiny/small: no ais_jax import
+    config = model_lib.ModelConfig(  # bf16 compute, float32 params (as ais_jax's update)
+        num_layers=s["num_layers"],
+        vocab_size=s["vocab_size"],
+        embed_dim=s["hidden_size"],
+        hidden_dim=s["intermediate_size"],
+        num_heads=s["num_heads"],
+        head_dim=s["head_dim"],
+        num_kv_heads=s["num_kv_heads"],
+        rope_theta=int(bench.ROPE_THETA),
+        norm_eps=1e-6,
+        use_tied_embedding=True,
+        dtype=jnp.bfloat16,
+        param_dtype=jnp.float32,
+    )
+    auto = (jax.sharding.AxisType.Auto,) * 2  # tunix's gathers need automatic sharding
+    mesh = jax.make_mesh((1, 1), ("fsdp", "tp"), axis_types=auto)
+    model = params_lib.create_model_from_safe_tensors(a.ckpt, config, mesh=mesh)
+    n = a.warmup + a.steps
+    ids = _prompt_ids(s["vocab_size"], PROMPTS * n, a.seed).reshape(n, PROMPTS, PROMPT_LEN)
+    data = [{"prompts": np.array([" ".join(map(str, row)) for row in step])} for step in ids]
+    out = tempfile.mkdtemp(prefix="grpo_step_tunix_")
+    cluster = rl_cluster_lib.RLCluster(
+        actor=model,  # actor and rollout on one mesh: one model, no weight sync
+        tokenizer=bench.IdsTokenizer(),  # eos id -1: never sampled, every row 64 tokens
+        cluster_config=rl_cluster_lib.ClusterConfig(
+            role_to_mesh={r: mesh for r in rl_cluster_lib.Role},
+            rollout_engine="vanilla",
+            training_config=rl_cluster_lib.RLTrainingConfig(
+                actor_optimizer=optax.adamw(LR, weight_decay=0.0),
+                eval_every_n_steps=10**6,
+                max_steps=n,
+                metrics_logging_options=metrics_logger.MetricsLoggerOptions(log_dir=out),
+                pbar_description=None,
+            ),
+            rollout_config=base_rollout.RolloutConfig(
+                max_tokens_to_generate=NEW_TOKENS,
+                max_prompt_length=PROMPT_LEN,
+                kv_cache_size=PROMPT_LEN + NEW_TOKENS,
+                temperature=1.0,
+                top_p=1.0,
+                top_k=None,
+                eos_tokens=[-1],
+            ),
+        ),
+    )
+    learner = grpo_learner.GRPOLearner(
+        rl_cluster=cluster,
+        algo_config=grpo_learner.GRPOConfig(num_generations=GROUP, num_iterations=1, beta=0.0),
+        reward_fns=lambda prompts, completions, **_: [float(len(c) % 2) for c in completions],
+    )
+    times: dict[str, list[float]] = {k: [] for k in ("step", "rollout", "score", "cpu")}
+    score_cpu: list[float] = []
+    generate, make_batch, global_step = (
+        cluster.generate,
+        learner._generate_and_compute_advantage,
+        learner._run_global_step,
+    )
+
+    def timed_generate(*args, **kwargs):
+        t0 = time.perf_counter()
+        ro = generate(*args, **kwargs)
+        times["rollout"].append(time.perf_counter() - t0)
+        assert min(len(t) for t in ro.tokens) == NEW_TOKENS, "a row stopped early"
+        return ro
+
+    def with_scoring_pass(*args, **kwargs):  # what a separate scoring pass would add
+        batch = make_batch(*args, **kwargs)
+        t0, cpu0 = time.perf_counter(), time.process_time()
+        jax.block_until_ready(
+            cluster.get_old_per_token_logps(batch.prompt_ids, batch.completion_ids)
+        )
+        times["score"].append(time.perf_counter() - t0)
+        score_cpu.append(time.process_time() - cpu0)
+        return batch
+
+    def timed_step(*args, **kwargs):
+        t0, cpu0 = time.perf_counter(), time.process_time()
+        global_step(*args, **kwargs)
+        jax.block_until_ready(nnx.state(cluster.actor_trainer.model))  # the update's end
+        times["step"].append(time.perf_counter() - t0)
+        times["cpu"].append(time.process_time() - cpu0)
+
+    cluster.generate = timed_generate
+    learner._generate_and_compute_advantage = with_scoring_pass
+    learner._run_global_step = timed_step
+    learner.train(data)
+    # the extra scoring pass ran inside each step: tunix's own step is without it
+    times["step"] = [t - sc for t, sc in zip(times["step"], times["score"], strict=True)]
+    times["cpu"] = [t - sc for t, sc in zip(times["cpu"], score_cpu, strict=True)]
+    times["update"] = [t - r for t, r in zip(times["step"], times["rollout"], strict=True)]
+    result = _summary(times, a.warmup) | {"peak_gib": _peak_gib()}
+    result["version"] = (
+        f"google-tunix {importlib.metadata.version('google-tunix')}, jax {jax.__version__}, "
+        "bf16 compute / float32 params"
+    )
+    return result
+
+
 def worker_ckpt(a) -> dict:
     bench = _sampler_bench()
     a.shape = json.dumps(bench.shape_of(a.size, str(HERE.parent)))  # its writer takes a shape
     return bench.worker_ckpt(a)
 
 
-WORKERS = {"ais_jax": worker_ais_jax, "trl": worker_trl, "ckpt": worker_ckpt}
+WORKERS = {
+    "ais_jax": worker_ais_jax,
+    "trl": worker_trl,
+    "tunix": worker_tunix,
+    "ckpt": worker_ckpt,
+}
 
 
 def run_worker(a) -> None:
@@ -321,21 +451,21 @@ def spawn(python: Path, worker: str, args, **extra) -> dict:
 def report(size: str, results: dict[str, dict]) -> None:
     bench = _sampler_bench()
     ok = {k: r for k, r in results.items() if "error" not in r}
-    fastest = min((r["step"] for k, r in ok.items() if k.startswith("trl")), default=float("nan"))
+    fastest = min((r["step"] for k, r in ok.items() if k in PEERS), default=float("nan"))
     rows = []
     for name, r in results.items():
         if "error" in r:
             rows.append([name, "error", r["error"][:80], "", "", "", "", "", ""])
             continue
         step = r["step"]
-        with_score = step + (r["score"] if name.startswith("trl") else 0.0)
+        with_score = step + (r["score"] if name in PEERS else 0.0)
         rows.append(
             [
                 name,
                 f"{step:.2f}",
                 f"{with_score:.2f}",
                 f"{r['rollout']:.2f}",
-                f"{r['score']:.2f}" if not name.startswith("trl") else "(+score)",
+                f"{r['score']:.2f}" if name not in PEERS else "(+score)",
                 f"{r['update']:.2f}",
                 f"{r['peak_gib']:.2f}",
                 f"{r['cpu']:.2f}",
@@ -351,7 +481,7 @@ def report(size: str, results: dict[str, dict]) -> None:
         "update s",
         "peak GiB",
         "step cpu-s",
-        "TRL step / step",
+        "fastest peer step / step",
     ]
     cpu = f"{_sampler_bench().cpu_model()}, {os.cpu_count()} cores"
     print(f"\n{size}: {ROWS} rollouts, prompt {PROMPT_LEN}, {NEW_TOKENS} new tokens; {cpu}")
@@ -385,6 +515,7 @@ def main() -> None:
         "--chunk-logits", type=int, default=0, help="ais_jax: LM-head chunk (0: default)"
     )
     p.add_argument("--trl-python", default=str(PEER_ROOT / "trl-venv/bin/python"))
+    p.add_argument("--tunix-python", default=str(PEER_ROOT / "tunix-venv/bin/python"))
     p.add_argument("--verbose", action="store_true")
     # worker-only
     p.add_argument("--worker", choices=sorted(WORKERS))
@@ -400,7 +531,7 @@ def main() -> None:
 
     cpu = f"{_sampler_bench().cpu_model()}, {os.cpu_count()} cores"
     print(f"CPU: {cpu}; python {sys.version.split()[0]}")
-    trl_python = Path(args.trl_python)
+    peer_python = {"trl": Path(args.trl_python), "tunix": Path(args.tunix_python)}
     engines = args.engines.split(",")
     for size in args.sizes.split(","):
         args.size = size
@@ -415,20 +546,19 @@ def main() -> None:
                     if args.ais_variants and engine == "ais_jax-bf16":
                         runs[f"{engine} +score"] = dict(engine=engine, score=True)
                         runs[f"{engine} none"] = dict(engine=engine, correction="none")
-                elif engine == "trl":
-                    runs["trl"] = {}
+                elif engine in PEERS:
+                    runs[engine] = {}
                 else:
                     raise SystemExit(f"--engines: unknown {engine!r}; known: {', '.join(ENGINES)}")
             results = {}
             for name, extra in runs.items():
                 t0 = time.perf_counter()
-                if name == "trl":
-                    if not trl_python.exists():
-                        results[name] = {
-                            "error": f"{trl_python} not found: bash benchmarks/peers_setup.sh --trl"
-                        }
+                if name in PEERS:
+                    if not peer_python[name].exists():
+                        setup = "bash benchmarks/peers_setup.sh" + " --trl" * (name == "trl")
+                        results[name] = {"error": f"{peer_python[name]} not found: {setup}"}
                         continue
-                    results[name] = spawn(trl_python, "trl", args, ckpt=ckpt)
+                    results[name] = spawn(peer_python[name], name, args, ckpt=ckpt)
                 else:
                     chunk = args.chunk_logits or None
                     results[name] = spawn(

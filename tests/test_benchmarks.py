@@ -3,7 +3,8 @@
 `benchmarks/grpo_step.py` writes its checkpoint through `benchmarks/sampler.py`'s writer,
 which session 7 changed to take a JSON shape; the step benchmark then failed before timing
 anything. Here its checkpoint worker writes the tiny size and `load_hf` reads exactly that
-shape back.
+shape back. Its report compares every row with the faster of its peers (TRL, tunix), each
+peer's "step + score" adding the peer's own timed scoring pass.
 """
 
 from __future__ import annotations
@@ -31,3 +32,23 @@ def test_grpo_step_writes_the_checkpoint_it_times(tmp_path):
     config, _ = load_hf(tmp_path)
     shape = grpo_step._sampler_bench().SIZES["tiny"]
     assert {k: getattr(config, k) for k in shape} == shape
+
+
+def test_grpo_step_report_compares_with_the_faster_peer(capsys):
+    grpo_step = _module("grpo_step")
+    row = dict(rollout=0.5, score=0.25, update=1.0, peak_gib=1.0, cpu=2.0, steps_s=[1.0])
+    results = {
+        "ais_jax-bf16": row | {"step": 1.5, "score": 0.0, "version": "a"},
+        "trl": row | {"step": 4.5, "version": "t"},
+        "tunix": row | {"step": 3.0, "score": 0.5, "version": "x"},
+        "ais_jax-fp8": {"error": "boom"},
+    }
+    grpo_step.report("tiny", results)
+    lines = {
+        line.split()[1]: line
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith("| ")
+    }
+    assert "2.00x" in lines["ais_jax-bf16"]  # tunix's 3.0 s over 1.5 s, not TRL's 4.5 s
+    assert "4.75" in lines["trl"] and "3.50" in lines["tunix"]  # step + its own score pass
+    assert "0.67x" in lines["trl"] and "error" in lines["ais_jax-fp8"]
