@@ -29,18 +29,17 @@ as answer tokens (LLaDA's SFT recipe, which teaches the model to fill the tail w
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ais_jax import data, diffusion_train, grpo, train
+from ais_jax import data, diffusion_train, train
 from ais_jax import diffusion_sampler as ds
 from ais_jax import sharding as shd
 from ais_jax.llada import LLaDAConfig, init_params
-from ais_jax.runner import Run
+from ais_jax.runner import Run, timed
 from ais_jax.tasks import CharTokenizer
 
 SFT_STREAM = 2**32 - 2  # the SFT masks' keys: fold_in(key(seed), SFT_STREAM), then the step
@@ -133,46 +132,40 @@ class DiffusionRun(Run):
         mask 0."""
         c, G = self.cfg, self.cfg.rollout.group_size
         times = {}
-        t0 = time.perf_counter()
-        rollout_params = jax.block_until_ready(self.phases.sync(self.state.params))
-        times["time/sync_s"] = time.perf_counter() - t0
+        with timed(times, "time/sync_s"):
+            rollout_params = jax.block_until_ready(self.phases.sync(self.state.params))
 
         examples = [ex for ex in next(self.prompts) for _ in range(G)]
         prompts, prompt_mask = self._encode_prompts(self.task, examples)
         sample_key, mask_keys = self.mask_keys(key)
-        t0 = time.perf_counter()
-        ro = self._generate(
-            self.phases.generate,
-            rollout_params,
-            prompts,
-            prompt_mask,
-            sample_key,
-            mask_keys[0],
-            c.rollout.temperature,
-        )
-        ro = jax.block_until_ready(ro)
-        times["time/rollout_s"] = time.perf_counter() - t0
+        with timed(times, "time/rollout_s"):
+            ro = self._generate(
+                self.phases.generate,
+                rollout_params,
+                prompts,
+                prompt_mask,
+                sample_key,
+                mask_keys[0],
+                c.rollout.temperature,
+            )
+            ro = jax.block_until_ready(ro)
 
-        t0 = time.perf_counter()
-        rewards = self._rewards(self.task, examples, ro)
-        advantages = grpo.group_advantages(jnp.asarray(rewards), G)
-        advantages = shd.shard_batch(np.asarray(advantages), self.mesh)
-        times["time/reward_s"] = time.perf_counter() - t0
+        with timed(times, "time/reward_s"):
+            rewards, advantages = self._advantages(examples, ro)
 
-        t0 = time.perf_counter()
-        p_mask = jnp.float32(c.rollout.diffusion.p_mask_prompt)
-        scored = self.phases.score(
-            rollout_params,
-            self.state.params,
-            ro.prompt_tokens,
-            ro.prompt_mask,
-            ro.tokens,
-            ro.mask,
-            mask_keys,
-            p_mask,
-        )
-        scored = jax.block_until_ready(scored)
-        times["time/score_s"] = time.perf_counter() - t0
+        with timed(times, "time/score_s"):
+            p_mask = jnp.float32(c.rollout.diffusion.p_mask_prompt)
+            scored = self.phases.score(
+                rollout_params,
+                self.state.params,
+                ro.prompt_tokens,
+                ro.prompt_mask,
+                ro.tokens,
+                ro.mask,
+                mask_keys,
+                p_mask,
+            )
+            scored = jax.block_until_ready(scored)
         del rollout_params
 
         batch = train.Batch(
@@ -184,14 +177,4 @@ class DiffusionRun(Run):
             logp_old=scored.logp_old,
             advantages=advantages,
         )
-        rewards, lengths, finished = shd.all_rows((rewards, ro.lengths, ro.finished))
-        mask, entropy = shd.all_rows((ro.mask, scored.entropy))
-        metrics = {
-            "reward/mean": float(rewards.mean()),
-            "reward/std": float(rewards.std()),
-            "reward/accuracy": float((rewards >= 1.0).mean()),
-            "response/length_mean": float(lengths.mean()),
-            "response/finished_frac": float(finished.mean()),
-            "policy/entropy": float(entropy[mask].mean()) if mask.any() else 0.0,
-        }
-        return batch, {**metrics, **times}
+        return batch, {**self._rollout_metrics(rewards, ro, scored.entropy), **times}

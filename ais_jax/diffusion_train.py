@@ -45,8 +45,8 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from ais_jax import ais, grpo, llada, train
 from ais_jax import diffusion_sampler as ds
+from ais_jax import grpo, llada, train
 from ais_jax import sharding as shd
 from ais_jax.config import RolloutConfig
 from ais_jax.llada import LLaDAConfig
@@ -254,11 +254,11 @@ def grpo_update(
     shuffle (from ``key``) into ``optim.minibatches`` minibatches, each an AdamW step on
     `grpo.loss` with ``logp_new = response_logp(params, z_j)``, ``logp_old_j`` and the
     correction on ``logp_rollout_j``. U = J * minibatches metric values reduce to one per step
-    by `ais.reduce_minibatch_metrics`; a non-finite loss or gradient skips its minibatch."""
+    by `ais.reduce_minibatch_metrics`; a non-finite loss or gradient skips its minibatch (the
+    minibatch step and the scan are `train.apply_minibatch` and `train.scan_minibatches`)."""
     B, J = batch.logp_rollout.shape[:2]
     M = optim.minibatches
-    perms = [jax.random.permutation(k, B) for k in jax.random.split(key, J)]
-    idx_UM = jnp.concatenate([p.reshape(M, B // M) for p in perms])  # U = J * M
+    idx_UM = train.minibatch_order(key, B, J, M)  # U = J * M
     j_U = jnp.repeat(jnp.arange(J), M)
 
     def loss_fn(params, mb: train.Batch):
@@ -279,7 +279,6 @@ def grpo_update(
         )
 
     def minibatch_step(carry, x):
-        params, opt_state, skipped = carry
         j, idx = x
         inner = lambda a: a[idx][:, j]  # noqa: E731  (rows, then inner update j)
         mb = train.Batch(
@@ -291,31 +290,9 @@ def grpo_update(
             logp_old=inner(batch.logp_old),
             advantages=batch.advantages[idx],
         )
-        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, mb)
-        updates, new_opt_state = optimizer.update(grads, opt_state, params)
-        ok = jnp.isfinite(loss) & train._all_finite(grads)
-        keep = lambda new, old: jax.tree_util.tree_map(  # noqa: E731
-            lambda a, b: jnp.where(ok, a, b), new, old
-        )
-        metrics = dict(metrics)
-        metrics["train/grad_norm"] = optax.tree_utils.tree_norm(grads)
-        metrics["train/skipped"] = (~ok).astype(F32)
-        carry = (
-            keep(optax.apply_updates(params, updates), params),
-            keep(new_opt_state, opt_state),
-            skipped + (~ok).astype(jnp.int32),
-        )
-        return carry, metrics
+        return train.apply_minibatch(carry, mb, loss_fn, optimizer)
 
-    (params, opt_state, skipped), metrics_U = jax.lax.scan(
-        minibatch_step, (state.params, state.opt_state, state.skipped), (j_U, idx_UM)
-    )
-    metrics = ais.reduce_minibatch_metrics(metrics_U)
-    metrics["train/skipped_steps"] = skipped.astype(F32)
-    new_state = train.TrainState(
-        step=state.step + 1, params=params, opt_state=opt_state, skipped=skipped
-    )
-    return new_state, metrics
+    return train.scan_minibatches(state, minibatch_step, (j_U, idx_UM))
 
 
 def masked_sft_step(
@@ -376,7 +353,7 @@ def make_phases(
     comparison share them). Sampling options are runtime arguments: no recompiles."""
     dtype = compute_dtype or train.COMPUTE_DTYPE
     r = cfg.rollout
-    weights = train._weights(r)
+    weights = train.rollout_weights(r)
     bf16 = RolloutConfig(format="bf16")
     decode = dict(
         gen_length=r.max_new_tokens,
@@ -407,7 +384,7 @@ def _copy(config: LLaDAConfig, rollout: RolloutConfig, dtype) -> Params:
     return jax.eval_shape(sync, _master(config))
 
 
-@functools.lru_cache(maxsize=train._MEMO)
+@functools.lru_cache(maxsize=train.PHASE_MEMO)
 def _init_phase(mesh, config: LLaDAConfig, optim, steps: int) -> Callable:
     init = functools.partial(train.init_state, optimizer=train.make_optimizer(optim, steps))
     shardings = shd.param_shardings(jax.eval_shape(init, _master(config)), mesh, shd.TRAIN)
@@ -415,7 +392,7 @@ def _init_phase(mesh, config: LLaDAConfig, optim, steps: int) -> Callable:
     return lambda params: jitted(jax.device_put(params, shardings.params))
 
 
-@functools.lru_cache(maxsize=train._MEMO)
+@functools.lru_cache(maxsize=train.PHASE_MEMO)
 def _sync_phase(mesh, config: LLaDAConfig, rollout: RolloutConfig, dtype) -> Callable:
     sync = functools.partial(train.sync_rollout_params, cfg=rollout, dtype=dtype)
     in_train = shd.param_shardings(_copy(config, rollout, dtype), mesh, shd.TRAIN)
@@ -426,7 +403,7 @@ def _sync_phase(mesh, config: LLaDAConfig, rollout: RolloutConfig, dtype) -> Cal
     )
 
 
-@functools.lru_cache(maxsize=train._MEMO)
+@functools.lru_cache(maxsize=train.PHASE_MEMO)
 def _generate_phase(mesh, config: LLaDAConfig, rollout: RolloutConfig, dtype, **decode) -> Callable:
     def rollout_fn(params, prompts, prompt_mask, key, logp_key, temperature, remasking, p_mask):
         return ds.generate_arrays(
@@ -452,7 +429,7 @@ def _generate_phase(mesh, config: LLaDAConfig, rollout: RolloutConfig, dtype, **
     )
 
 
-@functools.lru_cache(maxsize=train._MEMO)
+@functools.lru_cache(maxsize=train.PHASE_MEMO)
 def _score_phase(mesh, config: LLaDAConfig, rollout: RolloutConfig, dtype) -> Callable:
     rows, rep = shd.batch_sharding(mesh), shd.replicated(mesh)
     copy = shd.param_shardings(_copy(config, rollout, dtype), mesh, shd.ROLLOUT)
@@ -468,7 +445,7 @@ def _score_phase(mesh, config: LLaDAConfig, rollout: RolloutConfig, dtype) -> Ca
     )
 
 
-@functools.lru_cache(maxsize=train._MEMO)
+@functools.lru_cache(maxsize=train.PHASE_MEMO)
 def _update_phase(mesh, config: LLaDAConfig, optim, steps, loss_cfg, correction, dtype) -> Callable:
     optimizer = train.make_optimizer(optim, steps)
     step = functools.partial(
@@ -499,7 +476,7 @@ def make_sft_optimizer(sft) -> optax.GradientTransformation:
     return optax.chain(optax.clip_by_global_norm(1.0), train.make_sft_optimizer(sft))
 
 
-@functools.lru_cache(maxsize=train._MEMO)
+@functools.lru_cache(maxsize=train.PHASE_MEMO)
 def _sft_init_phase(mesh, config: LLaDAConfig, sft) -> Callable:
     init = make_sft_optimizer(sft).init
     shardings = shd.param_shardings(jax.eval_shape(init, _master(config)), mesh, shd.TRAIN)
@@ -507,7 +484,7 @@ def _sft_init_phase(mesh, config: LLaDAConfig, sft) -> Callable:
     return jax.jit(init, in_shardings=(master,), out_shardings=shardings)
 
 
-@functools.lru_cache(maxsize=train._MEMO)
+@functools.lru_cache(maxsize=train.PHASE_MEMO)
 def _sft_step_phase(mesh, config: LLaDAConfig, sft, dtype) -> Callable:
     optimizer = make_sft_optimizer(sft)
     step = functools.partial(masked_sft_step, config=config, optimizer=optimizer, dtype=dtype)

@@ -71,7 +71,7 @@ from ais_jax.qwen35 import Qwen35Config
 # The trainer's compute dtype. The phases read it when they are built (it is part of their
 # memo key), so a test may set it to float32 to compare sharded with unsharded math exactly.
 COMPUTE_DTYPE = jnp.bfloat16
-_MEMO = 64  # compiled phases kept per builder (least recently used dropped first)
+PHASE_MEMO = 64  # compiled phases kept per builder (least recently used dropped first)
 
 
 @struct.dataclass
@@ -208,9 +208,66 @@ def on_policy(optim: OptimConfig) -> bool:
     return optim.ppo_epochs == 1 and optim.minibatches == 1
 
 
-def _all_finite(tree) -> jax.Array:
+def all_finite(tree) -> jax.Array:
+    """A bool scalar: every element of every leaf of ``tree`` is finite."""
     leaves = jax.tree_util.tree_leaves(tree)
     return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
+
+
+def minibatch_order(key: jax.Array, rows: int, passes: int, minibatches: int) -> jax.Array:
+    """``[U, rows / minibatches]`` row indices, U = passes * minibatches: each pass (a PPO
+    epoch, or a diffusion inner update) is a new permutation of the rows (its own key from
+    ``split(key, passes)``) cut into ``minibatches`` equal minibatches."""
+    perms = [jax.random.permutation(k, rows) for k in jax.random.split(key, passes)]
+    return jnp.concatenate([p.reshape(minibatches, rows // minibatches) for p in perms])
+
+
+def apply_minibatch(
+    carry: tuple[Params, Any, jax.Array],
+    mb: Batch,
+    loss_fn: Callable,
+    optimizer: optax.GradientTransformation,
+) -> tuple[tuple[Params, Any, jax.Array], dict[str, jax.Array]]:
+    """One optimizer step on minibatch ``mb``: ``carry = (params, opt_state, skipped)``,
+    ``loss_fn(params, mb) -> (loss, metrics)``. A step whose loss or gradient is not finite
+    leaves params and optimizer state unchanged and adds 1 to ``skipped``. Returns the new
+    carry and ``metrics`` plus ``train/grad_norm`` and ``train/skipped`` (1.0 if skipped): the
+    body of `scan_minibatches`' scan, shared by `update` and the diffusion trainer."""
+    params, opt_state, skipped = carry
+    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, mb)
+    updates, new_opt_state = optimizer.update(grads, opt_state, params)
+    new_params = optax.apply_updates(params, updates)
+    ok = jnp.isfinite(loss) & all_finite(grads)
+    keep = lambda new, old: jax.tree_util.tree_map(  # noqa: E731
+        lambda a, b: jnp.where(ok, a, b), new, old
+    )
+    metrics = {
+        **metrics,
+        "train/grad_norm": optax.tree_utils.tree_norm(grads),
+        "train/skipped": (~ok).astype(jnp.float32),
+    }
+    carry = (
+        keep(new_params, params),
+        keep(new_opt_state, opt_state),
+        skipped + (~ok).astype(jnp.int32),
+    )
+    return carry, metrics
+
+
+def scan_minibatches(
+    state: TrainState, minibatch_step: Callable, xs
+) -> tuple[TrainState, dict[str, jax.Array]]:
+    """``jax.lax.scan`` of ``minibatch_step(carry, x)`` (`apply_minibatch` on the minibatch
+    ``x`` selects) over ``xs``, from ``state``: the next state (step + 1) and the U minibatches'
+    metrics reduced to one value each by `ais.reduce_minibatch_metrics`, plus
+    ``train/skipped_steps`` (the run's total of skipped minibatches)."""
+    (params, opt_state, skipped), metrics_U = jax.lax.scan(
+        minibatch_step, (state.params, state.opt_state, state.skipped), xs
+    )
+    metrics = ais.reduce_minibatch_metrics(metrics_U)
+    metrics["train/skipped_steps"] = skipped.astype(jnp.float32)
+    new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state, skipped=skipped)
+    return new_state, metrics
 
 
 def update(
@@ -245,9 +302,7 @@ def update(
             "(1 epoch, 1 minibatch); score the batch first (Phases.score)"
         )
     B = batch.tokens.shape[0]
-    M = optim.minibatches
-    perms = [jax.random.permutation(k, B) for k in jax.random.split(key, optim.ppo_epochs)]
-    idx_UM = jnp.concatenate([p.reshape(M, B // M) for p in perms])  # U = epochs * minibatches
+    idx_UM = minibatch_order(key, B, optim.ppo_epochs, optim.minibatches)
 
     def loss_fn(params, mb: Batch):
         scored = sampler.token_logprobs(
@@ -283,35 +338,10 @@ def update(
         return loss, {**metrics, **extra}
 
     def minibatch_step(carry, idx):
-        params, opt_state, skipped = carry
         mb = jax.tree_util.tree_map(lambda x: x[idx], batch)
-        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, mb)
-        updates, new_opt_state = optimizer.update(grads, opt_state, params)
-        new_params = optax.apply_updates(params, updates)
-        ok = jnp.isfinite(loss) & _all_finite(grads)
-        keep = lambda new, old: jax.tree_util.tree_map(  # noqa: E731
-            lambda a, b: jnp.where(ok, a, b), new, old
-        )
-        metrics = dict(
-            metrics,
-            **{
-                "train/grad_norm": optax.tree_utils.tree_norm(grads),
-                "train/skipped": (~ok).astype(jnp.float32),
-            },
-        )
-        return (
-            keep(new_params, params),
-            keep(new_opt_state, opt_state),
-            skipped + (~ok).astype(jnp.int32),
-        ), metrics
+        return apply_minibatch(carry, mb, loss_fn, optimizer)
 
-    (params, opt_state, skipped), metrics_U = jax.lax.scan(
-        minibatch_step, (state.params, state.opt_state, state.skipped), idx_UM
-    )
-    metrics = ais.reduce_minibatch_metrics(metrics_U)
-    metrics["train/skipped_steps"] = skipped.astype(jnp.float32)
-    new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state, skipped=skipped)
-    return new_state, metrics
+    return scan_minibatches(state, minibatch_step, idx_UM)
 
 
 def sft_step(
@@ -397,8 +427,8 @@ def make_phases(
     )
     return Phases(
         init=_init_phase(mesh, config, cfg.optim, cfg.steps),
-        sync=_sync_phase(mesh, config, _weights(r), dtype),
-        generate=_generate_phase(mesh, config, _weights(r), dtype, **decode),
+        sync=_sync_phase(mesh, config, rollout_weights(r), dtype),
+        generate=_generate_phase(mesh, config, rollout_weights(r), dtype, **decode),
         sync_bf16=_sync_phase(mesh, config, bf16, dtype),
         generate_bf16=_generate_phase(mesh, config, bf16, dtype, **decode),
         score=_score_phase(mesh, config, dtype),
@@ -410,7 +440,7 @@ def make_phases(
     )
 
 
-def _weights(r: RolloutConfig) -> RolloutConfig:
+def rollout_weights(r: RolloutConfig) -> RolloutConfig:
     """The part of a rollout config that shapes the rollout copy of the weights (the rest at
     its defaults, so configs that differ elsewhere share the copy's phases)."""
     return RolloutConfig(format=r.format, act_scaling=r.act_scaling, fp8_lm_head=r.fp8_lm_head)
@@ -420,7 +450,7 @@ def _master(config: ModelConfig | Qwen35Config) -> Params:
     return param_shapes(config, jnp.float32)
 
 
-@functools.lru_cache(maxsize=_MEMO)
+@functools.lru_cache(maxsize=PHASE_MEMO)
 def _init_phase(
     mesh, config: ModelConfig | Qwen35Config, optim: OptimConfig, steps: int
 ) -> Callable:
@@ -434,7 +464,7 @@ def _init_phase(
     return born_sharded
 
 
-@functools.lru_cache(maxsize=_MEMO)
+@functools.lru_cache(maxsize=PHASE_MEMO)
 def _sync_phase(
     mesh, config: ModelConfig | Qwen35Config, rollout: RolloutConfig, dtype
 ) -> Callable:
@@ -454,7 +484,7 @@ def _sync_phase(
     )
 
 
-@functools.lru_cache(maxsize=_MEMO)
+@functools.lru_cache(maxsize=PHASE_MEMO)
 def _generate_phase(
     mesh,
     config: ModelConfig | Qwen35Config,
@@ -497,7 +527,7 @@ def _generate_phase(
     )
 
 
-@functools.lru_cache(maxsize=_MEMO)
+@functools.lru_cache(maxsize=PHASE_MEMO)
 def _score_phase(mesh, config: ModelConfig | Qwen35Config, dtype) -> Callable:
     def score_fn(params, prompt_tokens, prompt_mask, tokens, mask, temperature):
         return score(
@@ -513,7 +543,7 @@ def _score_phase(mesh, config: ModelConfig | Qwen35Config, dtype) -> Callable:
     )
 
 
-@functools.lru_cache(maxsize=_MEMO)
+@functools.lru_cache(maxsize=PHASE_MEMO)
 def _update_phase(
     mesh,
     config: ModelConfig | Qwen35Config,
@@ -545,7 +575,7 @@ def _update_phase(
     )
 
 
-@functools.lru_cache(maxsize=_MEMO)
+@functools.lru_cache(maxsize=PHASE_MEMO)
 def _sft_init_phase(mesh, config: ModelConfig | Qwen35Config, sft: SFTConfig) -> Callable:
     init = make_sft_optimizer(sft).init
     shardings = shd.param_shardings(jax.eval_shape(init, _master(config)), mesh, shd.TRAIN)
@@ -553,7 +583,7 @@ def _sft_init_phase(mesh, config: ModelConfig | Qwen35Config, sft: SFTConfig) ->
     return jax.jit(init, in_shardings=(master,), out_shardings=shardings)
 
 
-@functools.lru_cache(maxsize=_MEMO)
+@functools.lru_cache(maxsize=PHASE_MEMO)
 def _sft_step_phase(mesh, config: ModelConfig | Qwen35Config, sft: SFTConfig, dtype) -> Callable:
     optimizer = make_sft_optimizer(sft)
     step = functools.partial(sft_step, config=config, optimizer=optimizer, dtype=dtype)

@@ -468,7 +468,7 @@ def test_llada_tiny_yaml_loads():
     path = Path(__file__).parent.parent / "configs" / "llada_tiny.yaml"
     cfg = load_config(path)
     assert cfg.model.family == "llada" and cfg.task.name == "countdown"
-    assert cfg.rollout.diffusion.p_mask_prompt == 0.15 and cfg.optim.ppo_epochs == 2
+    assert cfg.rollout.diffusion.p_mask_prompt == 0.0 and cfg.optim.ppo_epochs == 2
     assert load_config(path, ["task.name=sudoku", "task.options={}"]).task.name == "sudoku"
 
 

@@ -374,9 +374,45 @@ def test_countdown_worked_steps_use_positive_integers():
         assert steps[-1].endswith("=" + ex.answer)
 
 
+def test_countdown_slip_swaps_subtractions_and_divisions_only():
+    """With slip p the prompts and answers of a stream are those of slip 0; a two-number
+    demonstration ``a-b`` or ``a/b`` (a != b) is written ``b-a`` / ``b/a`` (missing the target:
+    0.1) with probability p (binomial check, 3.5 sigma), one with + or * never; slip 1 swaps
+    every - and / of a worked three-number demonstration, in its lines too."""
+    p, n = 0.7, 3000
+    exact = _samples(Countdown(min_numbers=2, max_numbers=2, max_number=9), n)
+    careless = _samples(Countdown(min_numbers=2, max_numbers=2, max_number=9, slip=p), n)
+    assert [(e.prompt, e.answer) for e in exact] == [(e.prompt, e.answer) for e in careless]
+    task = Countdown(min_numbers=2, max_numbers=2, max_number=9)
+    swapped = with_op = 0
+    for e, c in zip(exact, careless, strict=True):
+        assert task.reward(e, e.demonstration) == 1.0
+        a, op, b = re.fullmatch(r"(\d+)([-+*/])(\d+)", e.demonstration).groups()
+        if op in "+*" or a == b:  # a swapped a/a reads the same
+            assert c.demonstration == e.demonstration
+            continue
+        with_op += 1
+        if c.demonstration != e.demonstration:
+            assert c.demonstration == f"{b}{op}{a}" and task.reward(c, c.demonstration) == 0.1
+            swapped += 1
+    assert with_op > 800
+    assert abs(swapped / with_op - p) < 3.5 * (p * (1 - p) / with_op) ** 0.5
+    worked = Countdown(min_numbers=3, max_numbers=3, max_number=9, show_work=True)
+    for e, c in zip(_samples(worked), _samples(dataclasses.replace(worked, slip=1.0)), strict=True):
+        *steps, expression = e.demonstration.split("\n")
+        *c_steps, c_expression = c.demonstration.split("\n")
+        for step, c_step in zip(steps, c_steps, strict=True):
+            a, op, b, v = re.fullmatch(r"(\d+)([-+*/])(\d+)=(\d+)", step).groups()
+            assert c_step == (f"{b}{op}{a}={v}" if op in "-/" else step)
+        if not any(op in expression for op in "-/"):
+            assert c_expression == expression
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [
+        ({"slip": 1.5}, "slip"),
+        ({"slip": -0.1}, "slip"),
         ({"min_numbers": 1}, "min_numbers"),
         ({"min_numbers": 4, "max_numbers": 3}, "max_numbers"),
         ({"min_number": 0}, "min_number"),

@@ -321,6 +321,39 @@ def _update_inputs(correction: CorrectionConfig, *, minibatches=4, ppo_epochs=2)
     return phases, state, batch, d
 
 
+def test_apply_minibatch_takes_one_optimizer_step_or_skips_it():
+    """`train.apply_minibatch` (the minibatch step of `train.update` and of the diffusion
+    trainer): on a finite loss, one Adam step (the first moves each weight by lr * sign(grad),
+    float64 reference) with the gradient's norm logged; on a non-finite loss, params and
+    optimizer state unchanged and the skip counted."""
+    import jax.numpy as jnp
+    import optax
+
+    from ais_jax import train
+
+    def loss_fn(params, target):
+        loss = jnp.sum((params["w"] - target) ** 2)
+        return loss, {"loss": loss}
+
+    optimizer = optax.adam(0.1)
+    params = {"w": jnp.array([1.0, -2.0], jnp.float32)}
+    carry = (params, optimizer.init(params), jnp.int32(3))
+    target = np.array([0.5, 0.5], np.float32)
+    (stepped, _, skipped), metrics = train.apply_minibatch(carry, target, loss_fn, optimizer)
+    grad = 2 * (np.array([1.0, -2.0]) - target.astype(np.float64))
+    np.testing.assert_allclose(stepped["w"], [1.0, -2.0] - 0.1 * np.sign(grad), rtol=1e-6)
+    assert float(metrics["train/grad_norm"]) == pytest.approx(np.linalg.norm(grad), rel=1e-6)
+    assert float(metrics["loss"]) == pytest.approx(np.sum(grad**2) / 4, rel=1e-6)
+    assert int(skipped) == 3 and float(metrics["train/skipped"]) == 0.0
+    nan_target = np.array([np.nan, 0.5], np.float32)
+    (kept, opt_state, skipped), metrics = train.apply_minibatch(
+        carry, nan_target, loss_fn, optimizer
+    )
+    np.testing.assert_array_equal(kept["w"], params["w"])
+    assert all(jax.tree.leaves(jax.tree.map(np.array_equal, opt_state, carry[1])))
+    assert int(skipped) == 4 and float(metrics["train/skipped"]) == 1.0
+
+
 def test_update_reduces_maxima_over_minibatches_by_max():
     """``is/weight_max`` and ``mismatch/ratio_max`` of a step with 2 epochs x 4 minibatches are
     the largest weight and ratio of the whole batch (every epoch visits every token), not a

@@ -8,6 +8,16 @@ Prompt and reference response::
 With ``show_work=True`` the demonstration first lists one line per operation, then the
 expression on its own last line (``25-5=20\\n20*4=80\\n(25-5)*4``).
 
+``slip`` makes the demonstrations those of a careless teacher (arithmetic's ``slip``): each
+subtraction or division is written with its operands swapped with probability ``slip``
+(``5-25`` for ``25-5``, in the expression and in its worked line, ``5-25=20``), so the
+demonstrated expression misses the target. A warm start on them learns a systematic error that
+only the reward can correct: with ``slip > 0.5`` its greedy answer puts the smaller operand
+first while the right order keeps probability ``1 - slip``. The slips are drawn after the
+prompt (the instance is replayed from the generator's saved state with the swaps applied), so
+the prompts and answers of a stream do not depend on ``slip``; with ``slip=0`` (the default)
+no extra random numbers are drawn.
+
 Instances are solvable by construction: draw ``min_numbers..max_numbers`` numbers in
 ``[min_number, max_number]``, merge two random nodes with a random operation until one node
 is left, and call its value the target. Merges keep every intermediate value a positive integer
@@ -78,6 +88,7 @@ class Countdown:
     max_number: int = 100
     max_target: int = 1000
     show_work: bool = False
+    slip: float = 0.0
 
     def __post_init__(self):
         if self.min_numbers < 2:
@@ -94,18 +105,27 @@ class Countdown:
             )
         if self.max_target < 1:
             raise ValueError(f"max_target must be >= 1, got {self.max_target}")
+        if not (isinstance(self.slip, int | float) and 0.0 <= self.slip <= 1.0):
+            raise ValueError(f"slip must be a probability in [0, 1], got {self.slip!r}")
 
     def sample(self, rng: random.Random) -> Example:
         count = rng.randint(self.min_numbers, self.max_numbers)
         for _ in range(_MAX_TRIES):
             numbers = [rng.randint(self.min_number, self.max_number) for _ in range(count)]
+            state = rng.getstate()
             root, steps = _random_expression(numbers, rng)
             if 1 <= root.value <= self.max_target:
                 break
         else:
             raise RuntimeError(f"no target in [1, {self.max_target}] after {_MAX_TRIES} draws")
+        drawn = list(numbers)
         rng.shuffle(numbers)
         prompt = " ".join(map(str, numbers)) + f" to {root.value}="
+        if self.slip > 0:  # the same instance again, with the teacher's swaps
+            swaps = iter([rng.random() < self.slip for _ in range(count - 1)])
+            replay = random.Random()
+            replay.setstate(state)
+            root, steps = _random_expression(drawn, replay, lambda: next(swaps))
         lines = [*steps, root.text] if self.show_work else [root.text]
         return Example(prompt=prompt, answer=str(root.value), demonstration="\n".join(lines))
 
@@ -211,15 +231,17 @@ def _wrap(node: _Node, below: int) -> str:
     return f"({node.text})" if node.precedence < below else node.text
 
 
-def _combine(left: _Node, op: str, right: _Node) -> _Node:
-    """The node ``left op right``, parenthesized minimally (exact arithmetic is associative)."""
+def _combine(left: _Node, op: str, right: _Node, swap: bool = False) -> _Node:
+    """The node ``left op right``, parenthesized minimally (exact arithmetic is associative).
+    ``swap``: a - or / written ``right op left`` (a careless teacher); the value stays true."""
     if op == "+":
         return _Node(left.value + right.value, f"{left.text}+{right.text}", 0)
+    a, b = (right, left) if swap and op in "-/" else (left, right)
     if op == "-":
-        return _Node(left.value - right.value, f"{left.text}-{_wrap(right, 1)}", 0)
+        return _Node(left.value - right.value, f"{a.text}-{_wrap(b, 1)}", 0)
     if op == "*":
         return _Node(left.value * right.value, f"{_wrap(left, 1)}*{_wrap(right, 1)}", 1)
-    return _Node(left.value // right.value, f"{_wrap(left, 1)}/{_wrap(right, 2)}", 1)
+    return _Node(left.value // right.value, f"{_wrap(a, 1)}/{_wrap(b, 2)}", 1)
 
 
 def _valid(left: _Node, op: str, right: _Node) -> bool:
@@ -230,8 +252,11 @@ def _valid(left: _Node, op: str, right: _Node) -> bool:
     return True
 
 
-def _random_expression(numbers: list[int], rng: random.Random) -> tuple[_Node, list[str]]:
-    """Merges random pairs until one node is left; returns it and one ``a op b=c`` per merge."""
+def _random_expression(
+    numbers: list[int], rng: random.Random, swaps=lambda: False
+) -> tuple[_Node, list[str]]:
+    """Merges random pairs until one node is left; returns it and one ``a op b=c`` per merge.
+    ``swaps()``, called once per merge, says whether a - or / is written swapped (`_combine`)."""
     nodes = [_Node(n, str(n), 2) for n in numbers]
     steps = []
     while len(nodes) > 1:
@@ -241,8 +266,10 @@ def _random_expression(numbers: list[int], rng: random.Random) -> tuple[_Node, l
         }
         op = rng.choice([op for op, valid in options.items() if valid])
         i, j = rng.choice(options[op])
-        merged = _combine(nodes[i], op, nodes[j])
-        steps.append(f"{nodes[i].value}{op}{nodes[j].value}={merged.value}")
+        swap = swaps() and op in "-/"
+        merged = _combine(nodes[i], op, nodes[j], swap)
+        a, b = (nodes[j], nodes[i]) if swap else (nodes[i], nodes[j])
+        steps.append(f"{a.value}{op}{b.value}={merged.value}")
         nodes = [node for k, node in enumerate(nodes) if k not in (i, j)] + [merged]
     return nodes[0], steps
 
