@@ -307,20 +307,8 @@ def worker_tunix(a) -> dict:
 
     bench = _sampler_bench()
     s = bench.shape_of(a.size, str(HERE.parent))  # tiny/small: no ais_jax import
-    config = model_lib.ModelConfig(  # bf16 compute, float32 params (as ais_jax's update)
-        num_layers=s["num_layers"],
-        vocab_size=s["vocab_size"],
-        embed_dim=s["hidden_size"],
-        hidden_dim=s["intermediate_size"],
-        num_heads=s["num_heads"],
-        head_dim=s["head_dim"],
-        num_kv_heads=s["num_kv_heads"],
-        rope_theta=int(bench.ROPE_THETA),
-        norm_eps=1e-6,
-        use_tied_embedding=True,
-        dtype=jnp.bfloat16,
-        param_dtype=jnp.float32,
-    )
+    # bf16 compute, float32 params (as ais_jax's update)
+    config = bench.tunix_config(model_lib, s, dtype=jnp.bfloat16, param_dtype=jnp.float32)
     auto = (jax.sharding.AxisType.Auto,) * 2  # tunix's gathers need automatic sharding
     mesh = jax.make_mesh((1, 1), ("fsdp", "tp"), axis_types=auto)
     model = params_lib.create_model_from_safe_tensors(a.ckpt, config, mesh=mesh)

@@ -346,18 +346,10 @@ class IdsTokenizer:
         return 0  # prompts never contain 0 (tunix masks pad ids out of attention)
 
 
-def worker_tunix(a) -> dict:
-    import importlib.metadata
-
-    import jax
-    import jax.numpy as jnp
-    from tunix.generate import sampler as sampler_lib
-    from tunix.models.qwen3 import model as model_lib
-    from tunix.models.qwen3 import params as params_lib
-
-    s = json.loads(a.shape)
-    dtype = jnp.float32 if a.dtype == "f32" else jnp.bfloat16
-    config = model_lib.ModelConfig(
+def tunix_config(model_lib, s: dict, *, dtype, param_dtype):
+    """tunix's `ModelConfig` (``model_lib``: its ``tunix.models.qwen3.model``) of the shape
+    ``s``: a tied-embedding Qwen3 with rope theta `ROPE_THETA`, as `worker_ckpt` writes it."""
+    return model_lib.ModelConfig(
         num_layers=s["num_layers"],
         vocab_size=s["vocab_size"],
         embed_dim=s["hidden_size"],
@@ -369,8 +361,22 @@ def worker_tunix(a) -> dict:
         norm_eps=1e-6,
         use_tied_embedding=True,
         dtype=dtype,
-        param_dtype=dtype,
+        param_dtype=param_dtype,
     )
+
+
+def worker_tunix(a) -> dict:
+    import importlib.metadata
+
+    import jax
+    import jax.numpy as jnp
+    from tunix.generate import sampler as sampler_lib
+    from tunix.models.qwen3 import model as model_lib
+    from tunix.models.qwen3 import params as params_lib
+
+    s = json.loads(a.shape)
+    dtype = jnp.float32 if a.dtype == "f32" else jnp.bfloat16
+    config = tunix_config(model_lib, s, dtype=dtype, param_dtype=dtype)
     model = params_lib.create_model_from_safe_tensors(a.ckpt, config, mesh=None, dtype=dtype)
     cache = sampler_lib.CacheConfig(
         cache_size=PROMPT_LEN + a.new_tokens,
