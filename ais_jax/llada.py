@@ -54,7 +54,7 @@ import safetensors.numpy
 
 from ais_jax import checks
 from ais_jax.hf import CheckpointError, _read_tensors, _weight_files, read_json_object
-from ais_jax.model import Params, attention, positions_from_mask, rms_norm, rope
+from ais_jax.model import Params, attention, dense_params, positions_from_mask, rms_norm, rope
 from ais_jax.quant import linear
 
 
@@ -302,28 +302,7 @@ class LLaDAConfig:
 
 def init_params(config: LLaDAConfig, key: jax.Array, dtype=jnp.float32) -> Params:
     """Random parameters (normal, std 0.02; norms at one) in `model.py`'s layout."""
-    c = config
-    L, D, F = c.num_layers, c.hidden_size, c.intermediate_size
-    HE, KE = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-    shapes = {
-        "q_proj": (L, HE, D),
-        "k_proj": (L, KE, D),
-        "v_proj": (L, KE, D),
-        "o_proj": (L, D, HE),
-        "gate_proj": (L, F, D),
-        "up_proj": (L, F, D),
-        "down_proj": (L, D, F),
-    }
-    keys = iter(jax.random.split(key, len(shapes) + 2))
-    normal = lambda shape: (0.02 * jax.random.normal(next(keys), shape)).astype(dtype)  # noqa: E731
-    layers = {name: normal(shape) for name, shape in shapes.items()}
-    layers["input_norm"] = jnp.ones((L, D), dtype)
-    layers["post_norm"] = jnp.ones((L, D), dtype)
-    params = {"embed": normal((c.vocab_size, D)), "final_norm": jnp.ones((D,), dtype)}
-    params["layers"] = layers
-    if not c.tie_embeddings:
-        params["lm_head"] = normal((c.vocab_size, D))
-    return params
+    return dense_params(config, key, dtype)
 
 
 # ---- forward ------------------------------------------------------------------------------------

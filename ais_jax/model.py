@@ -78,6 +78,12 @@ def init_params(config: ModelConfig, key: jax.Array, dtype=jnp.float32) -> Param
     `qwen35.init_params` for a Qwen3.5 config."""
     if (family := _family(config)) is not None:
         return family.init_params(config, key, dtype)
+    return dense_params(config, key, dtype)
+
+
+def dense_params(config, key: jax.Array, dtype=jnp.float32) -> Params:
+    """`init_params` of a LLaMA-style stack of dense layers: `ModelConfig`, and any config with
+    its dimension fields (`llada.LLaDAConfig`; no ``qk_norm`` or ``attention_bias`` there)."""
     c = config
     L, D, E, F = c.num_layers, c.hidden_size, c.head_dim, c.intermediate_size
     HE, KE = c.num_heads * E, c.num_kv_heads * E
@@ -95,10 +101,10 @@ def init_params(config: ModelConfig, key: jax.Array, dtype=jnp.float32) -> Param
     layers = {name: normal(shape) for name, shape in shapes.items()}
     layers["input_norm"] = jnp.ones((L, D), dtype)
     layers["post_norm"] = jnp.ones((L, D), dtype)
-    if c.qk_norm:
+    if getattr(c, "qk_norm", False):
         layers["q_norm"] = jnp.ones((L, E), dtype)
         layers["k_norm"] = jnp.ones((L, E), dtype)
-    if c.attention_bias:
+    if getattr(c, "attention_bias", False):
         layers["q_bias"] = jnp.zeros((L, HE), dtype)
         layers["k_bias"] = jnp.zeros((L, KE), dtype)
         layers["v_bias"] = jnp.zeros((L, KE), dtype)
