@@ -24,9 +24,8 @@
    printed or written JSON (null, with a warning saying where), and damaged or reused run
    directories (torn last lines, a missing newest checkpoint, old rows kept until replaced).
 
-The subprocess runs share the test session's persistent compilation cache (conftest.py's
-`_compilation_cache`, through JAX_COMPILATION_CACHE_DIR), so only the first of them compiles:
-the rest take seconds.
+The subprocess runs share a persistent compilation cache (JAX_COMPILATION_CACHE_DIR), so only
+the first of them compiles: the rest take seconds.
 """
 
 from __future__ import annotations
@@ -157,10 +156,11 @@ def kill_plan(seed: int, steps: int, every: int) -> list[tuple[str, int]]:
 
 
 @pytest.fixture(scope="module")
-def worker_env() -> dict[str, str]:
+def worker_env(tmp_path_factory) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "AIS_JAX_TEST_KILL_AT"}
     return env | {
         "JAX_PLATFORMS": "cpu",
+        "JAX_COMPILATION_CACHE_DIR": str(tmp_path_factory.mktemp("jax_cache")),
         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
         "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
     }
