@@ -7,12 +7,6 @@ the whitespace-separated words "0" .. "V-2", and "<eos>" = V-1) and a `generatio
 naming that eos id. The `hf_checkpoint` fixture is the same factory, cached per session: treat
 the directories it returns as read-only (copy one before breaking it).
 
-The session shares one persistent XLA compilation cache (`_compilation_cache`) among its xdist
-workers and the subprocesses they start: many tests build the same jitted phases afresh (a new
-`make_phases` closure compiles again even when its program is byte-identical), and a cache hit
-replaces those compiles. It starts empty each session, so every program is compiled at least
-once per run; `_cache_size()` checks of "no recompile" are unaffected (they count traces).
-
 Every test runs with ``jax_numpy_rank_promotion="raise"`` (`_strict_rank_promotion`): an
 implicit broadcast between arrays of different rank is an error, not a silent outer product.
 """
@@ -20,29 +14,11 @@ implicit broadcast between arrays of different rank is an error, not a silent ou
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
 import jax
 import pytest
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _compilation_cache(tmp_path_factory):
-    """One persistent compilation cache per test session (see the module docstring), also
-    for subprocesses through the environment. Under xdist the session's folder is the parent
-    of each worker's base temp."""
-    base = tmp_path_factory.getbasetemp()
-    folder = (base.parent if "PYTEST_XDIST_WORKER" in os.environ else base) / "jax_cache"
-    settings = {
-        "jax_compilation_cache_dir": str(folder),
-        "jax_persistent_cache_min_compile_time_secs": 0.2,
-    }
-    for name, value in settings.items():
-        jax.config.update(name, value)
-        os.environ[name.upper()] = str(value)
-    yield
 
 
 @pytest.fixture(autouse=True)
