@@ -4,7 +4,9 @@ independently in the same kernel (`CHECKS`), and the committed files are strippe
 outputs and are exactly what `notebooks/build.py` generates from its cell sources.
 
 The notebooks run in a fresh kernel of *this* interpreter (the test's virtual environment),
-whatever `python3` kernelspec the machine has installed, with a temporary working directory.
+whatever `python3` kernelspec the machine has installed, with a temporary working directory,
+and with XLA's default optimization level (`conftest.default_compile_env`), as a user's kernel
+runs them.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from conftest import default_compile_env
 from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 
@@ -139,7 +142,8 @@ def test_notebook_runs(path, tmp_path):
         kernel_manager_class=_ThisInterpreter,
         resources={"metadata": {"path": str(tmp_path)}},  # the kernel's working directory
     )
-    client.execute()  # raises CellExecutionError, with the traceback, at the first failing cell
+    # raises CellExecutionError, with the traceback, at the first failing cell
+    client.execute(env=default_compile_env())
     errors = [
         (i, o.ename, o.evalue)
         for i, cell in enumerate(nb.cells)
