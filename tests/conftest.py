@@ -16,7 +16,8 @@ subprocesses inherit it). The suite's models are tiny, so nearly all of its time
 compiling, which ``-O0`` does about twice as fast; only the floating-point code generation
 differs (vectorization, instruction selection), never what is computed. A test that runs long
 enough for the compiled code's speed to matter runs its job in a subprocess with
-`default_compile_env()`, XLA's default level, as a user's run compiles.
+`default_compile_env()`, XLA's default level, as a user's run compiles; a test's own jitted
+function that runs long compiles at that level with ``jax.jit(f, **DEFAULT_LEVEL)``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import os
 
 FAST_COMPILE = "--xla_backend_optimization_level=0"
+DEFAULT_LEVEL = {"compiler_options": {"xla_backend_optimization_level": 3}}  # XLA's default
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE}".strip()
 
