@@ -13,8 +13,10 @@ implicit broadcast between arrays of different rank is an error, not a silent ou
 XLA:CPU compiles the suite's programs with LLVM at ``-O0`` (`FAST_COMPILE`, added to
 ``XLA_FLAGS`` here, before JAX starts its backend, unless ``XLA_FLAGS`` already sets a level;
 subprocesses inherit it). The suite's models are tiny, so nearly all of its time is XLA
-compiling, which ``-O0`` does about twice as fast; only the floating-point code generation
-differs (vectorization, instruction selection), never what is computed. A test that runs long
+compiling, which ``-O0`` does about twice as fast. The programs are the same HLO; only LLVM's
+code generation differs (no vectorization or instruction scheduling), so float32 results may
+differ in their last bits (summation order), as they do between CPUs, and no test compares
+numbers computed at two levels. A test that runs long
 enough for the compiled code's speed to matter runs its job in a subprocess with
 `default_compile_env()`, XLA's default level, as a user's run compiles; a test's own jitted
 function that runs long compiles at that level with ``jax.jit(f, **DEFAULT_LEVEL)``.
