@@ -16,10 +16,10 @@ subprocesses inherit it). The suite's models are tiny, so nearly all of its time
 compiling, which ``-O0`` does about twice as fast. The programs are the same HLO; only LLVM's
 code generation differs (no vectorization or instruction scheduling), so float32 results may
 differ in their last bits (summation order), as they do between CPUs, and no test compares
-numbers computed at two levels. A test that runs long
-enough for the compiled code's speed to matter runs its job in a subprocess with
-`default_compile_env()`, XLA's default level, as a user's run compiles; a test's own jitted
-function that runs long compiles at that level with ``jax.jit(f, **DEFAULT_LEVEL)``.
+numbers computed at two levels. A test that runs long enough for the compiled code's speed to
+matter runs its job in a subprocess with `default_compile_env()`, XLA's default level, as a
+user's run compiles; a test's own jitted function that runs long compiles at that level with
+``jax.jit(f, **DEFAULT_LEVEL)``.
 """
 
 from __future__ import annotations

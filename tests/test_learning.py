@@ -23,6 +23,8 @@ from pathlib import Path
 
 from conftest import default_compile_env
 
+from ais_jax.config import load_config
+
 SHORTENED = [
     "sft.steps=1500",
     "steps=30",
@@ -44,8 +46,8 @@ def test_default_job_raises_greedy_held_out_accuracy(tmp_path):
         timeout=1200,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    config = (out / "config.yaml").read_text()
-    assert "format: float8_e4m3fn" in config and "method: ais" in config
+    cfg = load_config(out / "config.yaml")  # the run's own record of what it ran
+    assert cfg.rollout.format == "float8_e4m3fn" and cfg.correction.method == "ais"
     summary = json.loads((out / "summary.json").read_text())
     start, end = summary["initial/eval/accuracy"], summary["eval/accuracy"]
     assert summary["eval/examples"] == summary["initial/eval/examples"] == 256
