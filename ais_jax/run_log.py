@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -254,8 +255,7 @@ class EventWriter:
     filled up, a hang."""
 
     def __init__(self, logdir: Path, purge_step: int | None):
-        from tensorboardX import SummaryWriter  # its import is slow; only runs that log need it
-
+        SummaryWriter = _summary_writer_class()
         _catch_event_thread_errors()
         _EVENT_ERRORS.clear()
         self.logdir = logdir
@@ -286,6 +286,25 @@ class EventWriter:
 
 
 _EVENT_ERRORS: list[OSError] = []
+
+
+def _summary_writer_class() -> type:
+    """tensorboardX's `SummaryWriter`, imported only by runs that log, and without torch.
+
+    tensorboardX imports torch at import time when it is installed, only to accept torch
+    tensors (we log Python floats); that import took 2.4-4 s of every run's start here. Unless
+    torch is already loaded, it is hidden for the duration of the import (a ``None`` entry in
+    `sys.modules` makes ``import torch`` raise ImportError, which tensorboardX handles)."""
+    if "torch" in sys.modules:
+        from tensorboardX import SummaryWriter
+
+        return SummaryWriter
+    sys.modules["torch"] = None  # type: ignore[assignment]
+    try:
+        from tensorboardX import SummaryWriter
+    finally:
+        del sys.modules["torch"]
+    return SummaryWriter
 
 
 def _catch_event_thread_errors() -> None:

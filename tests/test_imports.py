@@ -95,3 +95,19 @@ def test_star_import_submodules_and_unknown_names():
         ais_jax.no_such_name  # noqa: B018
     with pytest.raises(ImportError):
         exec("from ais_jax import no_such_name", {})
+
+
+def test_event_writer_leaves_torch_unloaded_and_importable(tmp_path):
+    # tensorboardX imports torch when it is installed (the test extra installs it), seconds of
+    # every run's start; the run's writer hides it during that import, and only then
+    write = (
+        "from pathlib import Path\n"
+        "from ais_jax.run_log import EventWriter\n"
+        f"w = EventWriter(Path({str(tmp_path)!r}), None)\n"
+        "w.add_scalar('loss', 0.25, 1)\n"
+        "w.close()"
+    )
+    modules = loaded_after(write)
+    assert "tensorboardX" in modules and "torch" not in modules
+    assert len(list(tmp_path.glob("events.out.tfevents.*"))) == 1
+    assert "torch" in loaded_after(f"{write}\nimport torch")
