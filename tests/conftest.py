@@ -10,26 +10,31 @@ the directories it returns as read-only (copy one before breaking it).
 Every test runs with ``jax_numpy_rank_promotion="raise"`` (`_strict_rank_promotion`): an
 implicit broadcast between arrays of different rank is an error, not a silent outer product.
 
-XLA:CPU compiles the suite's programs with LLVM at ``-O0`` (`FAST_COMPILE`, added to
-``XLA_FLAGS`` here, before JAX starts its backend, unless ``XLA_FLAGS`` already sets a level;
-subprocesses inherit it). The suite's models are tiny, so nearly all of its time is XLA
-compiling, which ``-O0`` does about twice as fast. The programs are the same HLO; only LLVM's
-code generation differs (no vectorization or instruction scheduling), so float32 results may
-differ in their last bits (summation order), as they do between CPUs, and no test compares
-numbers computed at two levels. A test that runs long enough for the compiled code's speed to
-matter runs its job in a subprocess with `default_compile_env()`, XLA's default level, as a
-user's run compiles; a test's own jitted function that runs long compiles at that level with
-``jax.jit(f, **DEFAULT_LEVEL)``.
+XLA:CPU compiles the suite's programs fast (`FAST_COMPILE`, added to ``XLA_FLAGS`` here, before
+JAX starts its backend, each flag unless ``XLA_FLAGS`` already sets it; subprocesses inherit
+them): LLVM at ``-O0``, and loop and reduction fusions by XLA's older elemental emitter instead
+of its MLIR fusion emitters. The suite's models are tiny, so nearly all of its time is XLA
+compiling, which these flags make about 3x faster. The programs are the same HLO; only the
+machine code differs (no vectorization or instruction scheduling, other math-function
+expansions), so float32 results may differ in their last bits, as they do between CPUs, and no
+test compares numbers computed under both settings. A test that runs long enough for the
+compiled code's speed to matter runs its job in a subprocess with `default_compile_env()`,
+XLA's defaults, as a user's run compiles; a test's own jitted function that runs long compiles
+with them by ``jax.jit(f, **DEFAULT_LEVEL)``.
 """
 
 from __future__ import annotations
 
 import os
 
-FAST_COMPILE = "--xla_backend_optimization_level=0"
-DEFAULT_LEVEL = {"compiler_options": {"xla_backend_optimization_level": 3}}  # XLA's default
-if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE}".strip()
+FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
+DEFAULT_LEVEL = {  # XLA's defaults for the same options, per `jax.jit`
+    "compiler_options": {"xla_backend_optimization_level": 3, "xla_cpu_use_fusion_emitters": True}
+}
+_FAST_FLAGS = {name: f"--{name}={str(value).lower()}" for name, value in FAST_COMPILE.items()}
+_flags = os.environ.get("XLA_FLAGS", "")
+_added = [flag for name, flag in _FAST_FLAGS.items() if name not in _flags]
+os.environ["XLA_FLAGS"] = " ".join([_flags, *_added]).strip()
 
 import json  # noqa: E402
 import shutil  # noqa: E402
@@ -40,8 +45,9 @@ import pytest  # noqa: E402
 
 
 def default_compile_env() -> dict[str, str]:
-    """This process's environment without `FAST_COMPILE`: XLA's default optimization level."""
-    flags = os.environ.get("XLA_FLAGS", "").replace(FAST_COMPILE, "").strip()
+    """This process's environment without `FAST_COMPILE`'s flags: XLA's defaults."""
+    fast = set(_FAST_FLAGS.values())
+    flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split() if f not in fast)
     return {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | (
         {"XLA_FLAGS": flags} if flags else {}
     )
