@@ -21,7 +21,7 @@ expansions), so float32 results may differ in their last bits, as they do betwee
 test compares numbers computed under both settings. A test that runs long enough for the
 compiled code's speed to matter runs its job in a subprocess with `default_compile_env()`, XLA's
 defaults, as a user's run compiles; a test's own jitted function that runs long compiles with
-them by ``jax.jit(f, **DEFAULT_LEVEL)``.
+them by ``jax.jit(f, **XLA_DEFAULTS)``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from __future__ import annotations
 import os
 
 FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
-DEFAULT_LEVEL = {  # XLA's defaults for the same options, per `jax.jit`
+XLA_DEFAULTS = {  # XLA's defaults for the same options, per `jax.jit`
     "compiler_options": {"xla_backend_optimization_level": 3, "xla_cpu_use_fusion_emitters": True}
 }
 _FAST_FLAGS = {name: f"--{name}={str(value).lower()}" for name, value in FAST_COMPILE.items()}

@@ -9,8 +9,8 @@ job"; measured for this shortened job: 52.3% at the start, 74.2% after 15 steps,
 30); the shortened one must gain at least 8, far outside what 256 paired prompts move by chance
 (a net change of 21 prompts).
 
-The job runs as the README's first command does (the installed `ais-jax` script), compiled at
-XLA's default optimization level (`conftest.default_compile_env`): its 1,500 warm-start steps
+The job runs as the README's first command does (the installed `ais-jax` script), compiled with
+XLA's default compile options (`conftest.default_compile_env`): its 1,500 warm-start steps
 are run time, not compile time.
 """
 

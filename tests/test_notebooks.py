@@ -5,7 +5,7 @@ outputs and are exactly what `notebooks/build.py` generates from its cell source
 
 The notebooks run in a fresh kernel of *this* interpreter (the test's virtual environment),
 whatever `python3` kernelspec the machine has installed, with a temporary working directory,
-and with XLA's default optimization level (`conftest.default_compile_env`), as a user's kernel
+and with XLA's default compile options (`conftest.default_compile_env`), as a user's kernel
 runs them.
 """
 

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.stats
-from conftest import DEFAULT_LEVEL
+from conftest import XLA_DEFAULTS
 from training_run import MODEL
 
 from ais_jax import sampler
@@ -295,7 +295,7 @@ N_KEYS, N_DRAWS = 8, 25_000  # 200,000 draws per check
 DRAW_KEYS = jax.random.split(jax.random.key(1234), N_KEYS)
 
 
-@functools.partial(jax.jit, **DEFAULT_LEVEL)  # 200,000 draws: run time, not compile time
+@functools.partial(jax.jit, **XLA_DEFAULTS)  # 200,000 draws: run time, not compile time
 def _draw(key, logits_V, temperature, top_k, top_p):
     """N_DRAWS independent draws: `_sample` on N_DRAWS copies of one row of logits."""
     return sampler._sample(key, jnp.broadcast_to(logits_V, (N_DRAWS, V)), temperature, top_k, top_p)
@@ -625,7 +625,7 @@ def test_two_level_draw_is_the_softmax(vocab, scale):
     logits = scale * jax.random.normal(jax.random.key(vocab), (vocab,))
     logits = logits.at[::7].set(-jnp.inf)
     draw = jax.jit(
-        lambda key, x: sampler._draw(key, jnp.broadcast_to(x, (N_DRAWS, vocab))), **DEFAULT_LEVEL
+        lambda key, x: sampler._draw(key, jnp.broadcast_to(x, (N_DRAWS, vocab))), **XLA_DEFAULTS
     )
     out = [draw(key, logits) for key in DRAW_KEYS]
     tokens, logp = (np.concatenate([np.asarray(o[i]) for o in out]) for i in range(2))
