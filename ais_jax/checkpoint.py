@@ -293,7 +293,9 @@ class _Hold(logging.Filter):
 
 
 _NOISE = (
-    "Task exception was never retrieved",  # asyncio: the other writes of a failed save
+    # asyncio, for the other writes of a failed save: "Task exception was never retrieved" and,
+    # for the future that gathers them, "_GatheringFuture exception was never retrieved"
+    "exception was never retrieved",
     "raised an exception",  # orbax: "_SignalingThread.run() raised an exception: ..."
 )
 

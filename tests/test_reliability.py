@@ -31,8 +31,11 @@ the first of them compiles: the rest take seconds.
 from __future__ import annotations
 
 import ast
+import asyncio
 import dataclasses
+import errno
 import functools
+import gc
 import json
 import logging
 import math
@@ -940,6 +943,7 @@ NOISE = (
     "KeyboardInterrupt",
     "ERROR:absl",
     "Task exception",
+    "exception was never retrieved",
     "Event loop is closed",
     "Exception in thread",
     "Exception ignored",
@@ -1231,6 +1235,50 @@ def test_full_disk_is_one_line_and_the_run_resumes_once_there_is_room(
     assert proc.returncode == 0, proc.stderr[-3000:]
     steps = [r["step"] for r in strict_rows(out / "metrics.jsonl")]
     assert steps == list(range(1, len(steps) + 1)) and steps
+
+
+def test_a_failed_save_drops_the_late_echoes_of_its_writes(caplog):
+    """Each write of a failed orbax save fails on its own thread's event loop, and asyncio logs
+    every exception nobody retrieved (the writes' tasks' and the future gathering them) when the
+    object is collected, which can be after the save has raised. Those echoes are dropped once a
+    save failed; the error the save raises says it once. (The full-disk test above meets them by
+    chance; this one makes them.)"""
+    from ais_jax import checkpoint
+
+    def unretrieved_failure() -> None:
+        loop = asyncio.new_event_loop()
+
+        async def write():
+            raise ValueError("OUT_OF_RANGE: Error writing: File too large")
+
+        gathering = asyncio.gather(loop.create_task(write()))
+        loop.run_until_complete(asyncio.sleep(0.01))
+        assert gathering.done()
+        loop.close()
+        del gathering
+        gc.collect()
+
+    echo = "_GatheringFuture exception was never retrieved"
+    loggers = [logging.getLogger(name) for name in ("absl", "asyncio")]
+    hook, filters = sys.unraisablehook, [list(logger.filters) for logger in loggers]
+    try:
+        for logger in loggers:  # as before any save failed in this process
+            logger.filters[:] = [
+                f for f in logger.filters if not isinstance(f, checkpoint._DropEchoes)
+            ]
+        unretrieved_failure()  # logged
+        assert echo in caplog.text
+        caplog.clear()
+        with pytest.raises(OSError), checkpoint._held_back_echoes():
+            raise OSError(errno.EFBIG, "File too large")
+        unretrieved_failure()
+        assert "never retrieved" not in caplog.text
+        logging.getLogger("asyncio").error("an unrelated error")
+        assert "an unrelated error" in caplog.text
+    finally:
+        sys.unraisablehook = hook
+        for logger, kept in zip(loggers, filters, strict=True):
+            logger.filters[:] = kept
 
 
 # -- YAML ------------------------------------------------------------------------------------------
