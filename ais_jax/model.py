@@ -19,10 +19,13 @@ Every matmul goes through `quant.linear`, so the same code is the BF16 trainer (
 and the FP8 rollout engine (`QArray` weights). The compute dtype is the embedding's dtype;
 logits are always float32.
 
-Two entry points share one layer function:
+Three entry points share one layer function:
 - `forward(params, config, tokens_BS, mask_BS)`: full sequence, for training and scoring; it is
   `head_logits(params, final_hidden(...))`, and the two halves serve callers that apply the
   LM head to a few positions at a time (the trainer's chunked log-softmax, `sampler.py`).
+- `response_hidden(params, config, prompt_tokens_NP, prompt_mask_NP, tokens_BT, mask_BT)`: the
+  hidden states that score B responses to N prompts (G = B / N consecutive rows per prompt,
+  GRPO's groups), each prompt run once: what the trainer's log-probs run on.
 - `forward_cached(params, config, tokens_BQ, cache, mask_BQ)`: writes the new keys/values into a
   `KVCache` and attends over it; a batched prefill and one-token decode steps are both this call.
 Positions come from the padding mask (left padding: position = number of earlier valid tokens).
@@ -316,6 +319,68 @@ def final_hidden(
     mask_BS = _valid(tokens_BS, mask_BS)
     x_BSD = _decoder(params, config, tokens_BS, mask_BS)
     return rms_norm(x_BSD, params["final_norm"], config.rms_norm_eps)
+
+
+def response_hidden(
+    params: Params,
+    config: ModelConfig,
+    prompt_tokens_NP: jax.Array,
+    prompt_mask_NP: jax.Array,
+    tokens_BT: jax.Array,
+    mask_BT: jax.Array,
+) -> jax.Array:
+    """The final-normed hidden states ``[B, T, D]`` whose logits score ``tokens_BT``: positions
+    P - 1 ... P + T - 2 of the rows ``[prompt, tokens]``, where the B rows come in N groups of
+    G = B / N consecutive rows that share one of the N left-padded prompts (GRPO's groups).
+
+    Each prompt runs through the decoder once instead of G times, its keys/values broadcast to
+    its group's rows; the last response token, whose hidden state scores nothing, is no input.
+    The values are those of `final_hidden` of the concatenated rows, sliced, and a shared
+    prompt's gradient is the sum of its rows'. In bfloat16 the values are bitwise those on
+    XLA:CPU (tested) because the final norm runs on each part before they are joined: normed
+    after the join, it was fused otherwise, and XLA skips roundings to bfloat16 inside a
+    fusion, so a BF16 rollout's log-probs then moved off the trainer's by 3.6e-3 on average.
+    With prompts of P and responses of T tokens the decoder runs on P / G + T - 1 positions
+    per row instead of P + T.
+    """
+    N, P = prompt_tokens_NP.shape
+    B, T = tokens_BT.shape
+    if N < 1 or B % N:
+        raise ValueError(
+            f"response_hidden: {N} prompts for {B} response rows; the rows must come in equal "
+            "groups of consecutive rows, one group per prompt"
+        )
+    G, S = B // N, T - 1  # S response inputs: all but the last token
+    share = lambda a_N: jnp.repeat(a_N, G, axis=0)  # noqa: E731  (a prompt's value, per row)
+    prompt_mask_NP, mask_BT = prompt_mask_NP.astype(bool), mask_BT.astype(bool)
+    tokens_BS, mask_BS = tokens_BT[:, :S], mask_BT[:, :S]
+    positions_NP = positions_from_mask(prompt_mask_NP)
+    positions_BS = positions_from_mask(mask_BS, share(prompt_mask_NP.sum(-1, dtype=jnp.int32)))
+    # the prompt attends causally within itself; a response to its prompt, then causally
+    allowed_NPP = jnp.tril(jnp.ones((P, P), bool))[None] & prompt_mask_NP[:, None, :]
+    valid_BX = jnp.concatenate([share(prompt_mask_NP), mask_BS], axis=1)  # X = P + S keys
+    allowed_BSX = jnp.tril(jnp.ones((S, P + S), bool), k=P)[None] & valid_BX[:, None, :]
+    x_NPD = jnp.take(params["embed"], prompt_tokens_NP, axis=0)
+    x_BSD = jnp.take(params["embed"], tokens_BS, axis=0)
+    for i in range(config.num_layers):
+        lp, prompt_kv = _layer_params(params, i), []
+
+        def attend_prompt(q_NPHE, k_NPKE, v_NPKE, prompt_kv=prompt_kv):
+            prompt_kv[:] = k_NPKE, v_NPKE  # this layer's, for the responses' attention below
+            return attention(q_NPHE, *_cache_layout(k_NPKE, v_NPKE), allowed_NPP)
+
+        def attend_response(q_BSHE, k_BSKE, v_BSKE, prompt_kv=prompt_kv):
+            k_BXKE, v_BXKE = (
+                jnp.concatenate([share(a_NPKE), a_BSKE], axis=1)
+                for a_NPKE, a_BSKE in zip(prompt_kv, (k_BSKE, v_BSKE), strict=True)
+            )
+            return attention(q_BSHE, *_cache_layout(k_BXKE, v_BXKE), allowed_BSX)
+
+        x_NPD = _layer(lp, config, x_NPD, positions_NP, prompt_mask_NP, attend_prompt)
+        if S:
+            x_BSD = _layer(lp, config, x_BSD, positions_BS, mask_BS, attend_response)
+    norm = lambda x: rms_norm(x, params["final_norm"], config.rms_norm_eps)  # noqa: E731
+    return jnp.concatenate([share(norm(x_NPD)[:, -1:]), norm(x_BSD)], axis=1)
 
 
 def _valid(tokens_BS: jax.Array, mask_BS: jax.Array | None) -> jax.Array:

@@ -187,13 +187,14 @@ class Run:
             rewards, advantages = self._advantages(examples, ro)
 
         with timed(times, "time/score_s"):
+            # G: rows come in groups of G with one prompt, each run once
             scored = (ro.prompt_tokens, ro.prompt_mask, ro.tokens, ro.mask, jnp.float32(ro_t))
             logp_old = entropy = None
             if not train.on_policy(c.optim):
-                logp_old, entropy = self.phases.score(self.state.params, *scored)
+                logp_old, entropy = self.phases.score(self.state.params, *scored, G)
             logp_ref = None
             if c.loss.kl_coef > 0:
-                logp_ref = self.phases.score(self.ref_params, *scored)[0]
+                logp_ref = self.phases.score(self.ref_params, *scored, G)[0]
             jax.block_until_ready((logp_old, logp_ref))
 
         batch = train.Batch(
@@ -205,6 +206,7 @@ class Run:
             logp_old=logp_old,
             advantages=advantages,
             logp_ref=logp_ref,
+            prompt_group=G,
         )
         return batch, {**self._rollout_metrics(rewards, ro, entropy), **times}
 

@@ -72,6 +72,7 @@ from ais_jax.model import (
     forward_cached,
     head_logits,
     init_cache,
+    response_hidden,
     unstack_layers,
 )
 from ais_jax.model_config import ModelConfig
@@ -528,8 +529,8 @@ LOGITS_CHUNK = 1 << 24
 def token_logprobs(
     params: Params,
     config: ModelConfig | Qwen35Config,
-    prompt_tokens_BP,
-    prompt_mask_BP,
+    prompt_tokens_NP,
+    prompt_mask_NP,
     tokens_BT,
     mask_BT,
     *,
@@ -544,6 +545,13 @@ def token_logprobs(
     ``-sum_v p_v log p_v`` of that distribution. Jit it (or the function that calls it)
     yourself.
 
+    The prompts are one per row (N = B) or one per group of G = B / N consecutive rows (the G
+    responses GRPO samples for each prompt): a Qwen3 model with unquantized weights then runs
+    each prompt once and broadcasts its keys/values to its group (`model.response_hidden`),
+    with the values of running every row's ``[prompt, response]`` through the model. Other
+    models (Qwen3.5, quantized weights: their activation scales span the whole sequence) run
+    the rows in full, with each prompt repeated for its group.
+
     The LM head runs on the T response positions only, C at a time (the fused
     linear-cross-entropy idea): for each chunk ``logits_BCV = head(hidden_BCD)``, its
     log-softmax, the chosen token's log-prob and the entropy, under `jax.checkpoint`, so
@@ -554,25 +562,49 @@ def token_logprobs(
     logits are the same dot. A quantized LM head (`QArray`) takes one dynamic activation
     scale over every valid position of the sequence, so it keeps the unchunked path.
     """
-    P = prompt_tokens_BP.shape[1]
+    N, P = prompt_tokens_NP.shape
     B, T = tokens_BT.shape
-    seq_BS = jnp.concatenate([prompt_tokens_BP, tokens_BT], axis=1)
-    seq_mask_BS = jnp.concatenate([prompt_mask_BP, mask_BT], axis=1).astype(bool)
-    if isinstance(params.get("lm_head", params["embed"]), QArray):
-        logits_BSV = forward(params, config, seq_BS, seq_mask_BS)
-        # the logits at position s predict the token at s + 1
-        logits_BTV = jax.lax.dynamic_slice_in_dim(logits_BSV, P - 1, T, axis=1)
-        logp_BT, entropy_BT = _logp_entropy(logits_BTV, tokens_BT, temperature)
-    else:
-        hidden_BSD = final_hidden(params, config, seq_BS, seq_mask_BS)
-        hidden_BTD = jax.lax.dynamic_slice_in_dim(hidden_BSD, P - 1, T, axis=1)
+    if N < 1 or B % N:
+        raise ValueError(
+            f"token_logprobs: {N} prompts for {B} response rows; pass one prompt per row or "
+            "one per group of consecutive rows (N dividing B)"
+        )
+    if _shares_prompts(params, config):
+        hidden_BTD = response_hidden(
+            params, config, prompt_tokens_NP, prompt_mask_NP, tokens_BT, mask_BT
+        )
         logp_BT, entropy_BT = _chunked_logp_entropy(
             params, hidden_BTD, tokens_BT, temperature, chunk_logits
         )
+    else:
+        prompt_tokens_BP, prompt_mask_BP = (
+            jnp.repeat(a, B // N, axis=0) for a in (prompt_tokens_NP, prompt_mask_NP)
+        )
+        seq_BS = jnp.concatenate([prompt_tokens_BP, tokens_BT], axis=1)
+        seq_mask_BS = jnp.concatenate([prompt_mask_BP, mask_BT], axis=1).astype(bool)
+        if isinstance(params.get("lm_head", params["embed"]), QArray):
+            logits_BSV = forward(params, config, seq_BS, seq_mask_BS)
+            # the logits at position s predict the token at s + 1
+            logits_BTV = jax.lax.dynamic_slice_in_dim(logits_BSV, P - 1, T, axis=1)
+            logp_BT, entropy_BT = _logp_entropy(logits_BTV, tokens_BT, temperature)
+        else:
+            hidden_BSD = final_hidden(params, config, seq_BS, seq_mask_BS)
+            hidden_BTD = jax.lax.dynamic_slice_in_dim(hidden_BSD, P - 1, T, axis=1)
+            logp_BT, entropy_BT = _chunked_logp_entropy(
+                params, hidden_BTD, tokens_BT, temperature, chunk_logits
+            )
     logp_BT = jnp.where(mask_BT, logp_BT, 0.0)
     if not return_entropy:
         return logp_BT
     return logp_BT, jnp.where(mask_BT, entropy_BT, 0.0)
+
+
+def _shares_prompts(params: Params, config: ModelConfig | Qwen35Config) -> bool:
+    """Whether `token_logprobs` runs each prompt once (`model.response_hidden`): Qwen3 with
+    no quantized weight (a quantized linear's activation scale spans the whole sequence)."""
+    is_q = lambda x: isinstance(x, QArray)  # noqa: E731
+    quantized = any(is_q(leaf) for leaf in jax.tree_util.tree_leaves(params, is_leaf=is_q))
+    return not quantized and not isinstance(config, Qwen35Config)
 
 
 def _logp_entropy(logits_BTV, tokens_BT, temperature):

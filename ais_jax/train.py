@@ -95,6 +95,10 @@ class Batch:
     logp_old: jax.Array | None
     advantages: jax.Array  # [B] float32
     logp_ref: jax.Array | None = None  # [B, T] float32, frozen reference (kl_coef > 0)
+    # The rows come in groups of this many consecutive rows with the same prompt (`Run`'s
+    # batches: group_size). An on-policy update then runs each prompt once
+    # (`sampler.token_logprobs`); 1 claims nothing.
+    prompt_group: int = struct.field(pytree_node=False, default=1)
 
 
 # ---- optimizers and the correction --------------------------------------------------------------
@@ -292,7 +296,12 @@ def update(
     ``batch.logp_old = None`` (only `on_policy`): logp_old is ``stop_gradient(logp_new)`` of
     the update's forward, equal to the score phase's logp_train (same params, same dtype), and
     the metrics add ``policy/entropy``, the token mean of that forward's entropies
-    (what the score phase returns): one forward per step instead of two."""
+    (what the score phase returns): one forward per step instead of two.
+
+    On-policy the minibatch is the whole batch in its own order (the loss does not depend on
+    the order of its rows), so the groups of ``batch.prompt_group`` rows stay together and each
+    prompt runs through the model once. Off-policy, minibatches take shuffled rows and every
+    row runs its own prompt."""
     dtype = dtype or COMPUTE_DTYPE
     in_update = batch.logp_old is None
     if in_update and not on_policy(optim):
@@ -301,15 +310,20 @@ def update(
             f"{optim.minibatches}: logp_old is computed inside the update only on-policy "
             "(1 epoch, 1 minibatch); score the batch first (Phases.score)"
         )
-    B = batch.tokens.shape[0]
-    idx_UM = minibatch_order(key, B, optim.ppo_epochs, optim.minibatches)
+    B, G = batch.tokens.shape[0], batch.prompt_group
+    if B % G:
+        raise ValueError(f"Batch.prompt_group={G} does not divide the batch's {B} rows")
+    if on_policy(optim):  # the one minibatch is the whole batch, in order: groups stay whole
+        idx_UM = jnp.arange(B)[None]
+    else:
+        idx_UM, G = minibatch_order(key, B, optim.ppo_epochs, optim.minibatches), 1
 
     def loss_fn(params, mb: Batch):
         scored = sampler.token_logprobs(
             cast_params(params, dtype),
             config,
-            mb.prompt_tokens,
-            mb.prompt_mask,
+            mb.prompt_tokens[::G],  # one prompt per group of G rows
+            mb.prompt_mask[::G],
             mb.tokens,
             mb.mask,
             temperature=temperature,
@@ -338,7 +352,7 @@ def update(
         return loss, {**metrics, **extra}
 
     def minibatch_step(carry, idx):
-        mb = jax.tree_util.tree_map(lambda x: x[idx], batch)
+        mb = batch if on_policy(optim) else jax.tree_util.tree_map(lambda x: x[idx], batch)
         return apply_minibatch(carry, mb, loss_fn, optimizer)
 
     return scan_minibatches(state, minibatch_step, idx_UM)
@@ -383,7 +397,10 @@ class Phases:
     generate(rollout params, prompts, prompt_mask, key, temperature, top_k, top_p) -> Rollout
     sync_bf16, generate_bf16                         the same for the BF16 trainer policy
                                                      (held-out evaluation)
-    score(params, prompt_tokens, prompt_mask, tokens, mask, temperature) -> (logp, entropy)
+    score(params, prompt_tokens, prompt_mask, tokens, mask, temperature[, prompt_group])
+        -> (logp, entropy)                           prompt_group (static, default 1): rows
+                                                     in groups of that many with one prompt,
+                                                     each prompt run once
     update(state, batch, key) -> (state, metrics)    donates ``state``; metrics replicated;
                                                      ``batch.logp_old = None`` on-policy:
                                                      computed inside (`update`)
@@ -529,10 +546,12 @@ def _generate_phase(
 
 @functools.lru_cache(maxsize=PHASE_MEMO)
 def _score_phase(mesh, config: ModelConfig | Qwen35Config, dtype) -> Callable:
-    def score_fn(params, prompt_tokens, prompt_mask, tokens, mask, temperature):
-        return score(
-            params, config, prompt_tokens, prompt_mask, tokens, mask, temperature, dtype=dtype
-        )
+    def score_fn(params, prompt_tokens, prompt_mask, tokens, mask, temperature, prompt_group=1):
+        G = prompt_group  # one prompt per group of G rows (`Batch.prompt_group`)
+        if tokens.shape[0] % G:
+            raise ValueError(f"prompt_group={G} does not divide the batch's {tokens.shape[0]} rows")
+        prompts = (prompt_tokens[::G], prompt_mask[::G])
+        return score(params, config, *prompts, tokens, mask, temperature, dtype=dtype)
 
     rows = shd.batch_sharding(mesh)
     master = shd.param_shardings(_master(config), mesh, shd.TRAIN)
@@ -540,6 +559,7 @@ def _score_phase(mesh, config: ModelConfig | Qwen35Config, dtype) -> Callable:
         score_fn,
         in_shardings=(master, rows, rows, rows, rows, shd.replicated(mesh)),
         out_shardings=rows,
+        static_argnums=6,  # prompt_group, given by position
     )
 
 

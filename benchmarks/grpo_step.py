@@ -16,8 +16,10 @@ Engines (each in its own subprocess and interpreter, on CPU; peers in their own 
 - ``ais_jax-bf16``, ``ais_jax-fp8``: `train.make_phases` as `Run` drives them: sync (the bf16
   or FP8 rollout copy) + generate = *rollout*; *score* (skipped on-policy: the update computes
   logp_old in its own forward); *update* (the GRPO loss with the AIS correction, AdamW). With
-  ``--ais-variants`` also ``+score`` (a separate score pass, the path before issue 19) and the
-  update with no correction, for the AIS correction's share of the step.
+  ``--ais-variants`` also ``+score`` (a separate score pass, the path before issue 19), the
+  update with no correction, for the AIS correction's share of the step, and ``own prompts``
+  (`Batch.prompt_group` = 1: every row runs its own copy of its prompt, as before prompts were
+  shared).
 - ``trl``: `trl.GRPOTrainer` (float32, transformers `generate`, no vLLM; ``min_new_tokens`` = 64),
   over a word-level tokenizer whose words are the ids. *rollout* is `generate`; *update* the
   rest of the step (TRL's own scoring of nothing: on-policy it takes logp_old = detached
@@ -131,6 +133,7 @@ def worker_ais_jax(a) -> dict:
     prompts = np.repeat(_prompt_ids(config.vocab_size, PROMPTS, a.seed), GROUP, axis=0)
     prompt_mask = np.ones(prompts.shape, bool)
     one, V = jnp.float32(1.0), config.vocab_size
+    group = 1 if a.own_prompts else GROUP  # `Batch.prompt_group`: each prompt run once, or not
     times: dict[str, list[float]] = {k: [] for k in ("step", "rollout", "score", "update", "cpu")}
     batch = None
     for i in range(a.warmup + a.steps):
@@ -144,7 +147,7 @@ def worker_ais_jax(a) -> dict:
         logp_old = None
         if a.score:
             scored = (ro.prompt_tokens, ro.prompt_mask, ro.tokens, ro.mask, one)
-            logp_old = jax.block_until_ready(phases.score(state.params, *scored)[0])
+            logp_old = jax.block_until_ready(phases.score(state.params, *scored, group)[0])
         t2 = time.perf_counter()
         batch = train.Batch(
             ro.prompt_tokens,
@@ -154,6 +157,7 @@ def worker_ais_jax(a) -> dict:
             ro.logp_plain,
             logp_old,
             advantages,
+            prompt_group=group,
         )
         state, metrics = phases.update(state, batch, jax.random.key(10_000 + i))
         metrics = jax.device_get(metrics)  # the host copy `Run.learn` makes
@@ -498,7 +502,11 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--timeout", type=int, default=1800)
-    p.add_argument("--ais-variants", action="store_true", help="+score and no-correction rows")
+    p.add_argument(
+        "--ais-variants",
+        action="store_true",
+        help="+score, no-correction and own-prompts (no shared prompt) rows",
+    )
     p.add_argument(
         "--chunk-logits", type=int, default=0, help="ais_jax: LM-head chunk (0: default)"
     )
@@ -513,6 +521,7 @@ def main() -> None:
     p.add_argument("--correction", default="ais")
     p.add_argument("--score", action="store_true")
     p.add_argument("--cost", action="store_true")
+    p.add_argument("--own-prompts", action="store_true", help="every row runs its own prompt")
     args = p.parse_args()
     if args.worker:
         return run_worker(args)
@@ -534,6 +543,7 @@ def main() -> None:
                     if args.ais_variants and engine == "ais_jax-bf16":
                         runs[f"{engine} +score"] = dict(engine=engine, score=True)
                         runs[f"{engine} none"] = dict(engine=engine, correction="none")
+                        runs[f"{engine} own prompts"] = dict(engine=engine, own_prompts=True)
                 elif engine in PEERS:
                     runs[engine] = {}
                 else:

@@ -28,7 +28,16 @@ from conftest import XLA_DEFAULTS
 from training_run import MODEL
 
 from ais_jax import sampler
-from ais_jax.model import cast_params, forward, forward_cached, init_cache, init_params
+from ais_jax.model import (
+    cast_params,
+    final_hidden,
+    forward,
+    forward_cached,
+    head_logits,
+    init_cache,
+    init_params,
+    response_hidden,
+)
 from ais_jax.quant import InOut, QArray, quantize_fp8
 
 CONFIG = dataclasses.replace(MODEL, max_position_embeddings=64)
@@ -209,15 +218,129 @@ def test_greedy_decode_is_the_full_forward_argmax(params, layout, dtype):
     np.testing.assert_array_equal(r.logp, 0.0)  # the filtered distribution is one token
 
 
-def _unchunked_logprobs(params, config, prompt_BP, prompt_mask_BP, tokens_BT, mask_BT, temp):
-    """The reference: the full ``[B, S, V]`` logits of `forward`, sliced, then log-softmax."""
-    P, T = prompt_BP.shape[1], tokens_BT.shape[1]
-    seq_BS = jnp.concatenate([prompt_BP, tokens_BT], axis=1)
-    logits_BTV = forward(params, config, seq_BS, jnp.concatenate([prompt_mask_BP, mask_BT], 1))
-    logp_BTV = jax.nn.log_softmax(logits_BTV[:, P - 1 : P - 1 + T] / temp, axis=-1)
+def _logp_entropy_of(logits_BTV, tokens_BT, mask_BT, temp):
+    logp_BTV = jax.nn.log_softmax(logits_BTV / temp, axis=-1)
     logp_BT = jnp.take_along_axis(logp_BTV, tokens_BT[..., None], axis=-1)[..., 0]
     entropy_BT = -jnp.sum(jnp.exp(logp_BTV) * logp_BTV, axis=-1)
     return jnp.where(mask_BT, logp_BT, 0.0), jnp.where(mask_BT, entropy_BT, 0.0)
+
+
+def _full_row_logprobs(params, config, prompt_BP, prompt_mask_BP, tokens_BT, mask_BT, temp):
+    """The reference: `forward` over every row's ``[prompt, response]``, its ``[B, S, V]``
+    logits sliced to the positions that score the response, then log-softmax."""
+    P, T = prompt_BP.shape[1], tokens_BT.shape[1]
+    seq_BS = jnp.concatenate([prompt_BP, tokens_BT], axis=1)
+    logits_BSV = forward(params, config, seq_BS, jnp.concatenate([prompt_mask_BP, mask_BT], 1))
+    return _logp_entropy_of(logits_BSV[:, P - 1 : P - 1 + T], tokens_BT, mask_BT, temp)
+
+
+def _unchunked_logprobs(params, config, prompt_NP, prompt_mask_NP, tokens_BT, mask_BT, temp):
+    """`token_logprobs` without its chunks: the LM head over the same hidden states
+    (`model.response_hidden`), all ``[B, T, V]`` float32 logits at once."""
+    hidden_BTD = response_hidden(params, config, prompt_NP, prompt_mask_NP, tokens_BT, mask_BT)
+    return _logp_entropy_of(head_logits(params, hidden_BTD), tokens_BT, mask_BT, temp)
+
+
+def test_token_logprobs_runs_each_prompt_of_a_group_once(params):
+    """GRPO's G responses to one prompt: given one prompt per group of G consecutive rows,
+    `token_logprobs` runs each prompt through the model once (`model.response_hidden`), and
+    given one prompt per row it still leaves out the last response token, whose hidden state
+    scores nothing. Both equal `forward` over every row's whole ``[prompt, response]``
+    (prompts left-padded, responses cut short by the mask, T = 1 too): float32 log-probs and
+    entropies to 1e-6 relative, gradients to 1e-5 of each leaf's 2-norm (float32 sums in
+    another order: a shared prompt's gradient is summed over its group before it reaches the
+    layer below; measured <= 1.6e-6, where leaving one row's share out of a prompt's gradient
+    would move it by ~1 / G). In bfloat16 the hidden states are bitwise equal and the
+    gradients no farther from float32's than those of every row's own prompt. XLA's flop
+    count of the compiled log-probs falls with the positions the decoder no longer runs."""
+    N, G, T, temp = len(PROMPTS), 3, 10, 0.7
+    B = N * G
+    prompt_NP, prompt_mask_NP = sampler.pad_prompts(PROMPTS)
+    P = prompt_NP.shape[1]
+    prompt_BP, prompt_mask_BP = (jnp.repeat(a, G, axis=0) for a in (prompt_NP, prompt_mask_NP))
+    rng = np.random.default_rng(1)
+    tokens_BT = jnp.asarray(rng.integers(1, V, (B, T)), jnp.int32)
+    mask_BT = jnp.asarray(np.arange(T)[None] < rng.integers(1, T + 1, (B, 1)))
+    weights_BT = jnp.asarray(rng.standard_normal((B, T)), jnp.float32)
+
+    def objective(fn, *args):
+        def f(p):
+            logp_BT, entropy_BT = fn(p, *args)
+            return jnp.sum(weights_BT * logp_BT) + 0.1 * jnp.sum(entropy_BT), (logp_BT, entropy_BT)
+
+        return jax.jit(jax.value_and_grad(f, has_aux=True))(params)
+
+    def grouped(p, prompt, prompt_mask, tokens, mask):
+        return sampler.token_logprobs(
+            p, CONFIG, prompt, prompt_mask, tokens, mask, temperature=temp, return_entropy=True
+        )
+
+    def reference(p, tokens, mask):
+        return _full_row_logprobs(p, CONFIG, prompt_BP, prompt_mask_BP, tokens, mask, temp)
+
+    for t in (T, 1):
+        tokens, mask = tokens_BT[:, :t], mask_BT[:, :t]
+        (_, want), want_grad = objective(reference, tokens, mask)
+        for prompts in ((prompt_NP, prompt_mask_NP), (prompt_BP, prompt_mask_BP)):
+            (_, got), got_grad = objective(grouped, *prompts, tokens, mask)
+            for g, w in zip(got, want, strict=True):
+                scale = float(jnp.max(jnp.abs(w)))
+                assert scale > 0.1
+                np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6 * scale)
+            for path, g in jax.tree_util.tree_leaves_with_path(got_grad):
+                w = np.asarray(functools.reduce(lambda t, k: t[k.key], path, want_grad))
+                err = np.linalg.norm(np.asarray(g) - w) / np.linalg.norm(w)
+                assert err <= 1e-5, (t, len(prompts[0]), jax.tree_util.keystr(path), err)
+
+    # bfloat16 gradients: a shared prompt's are summed over its group in bfloat16, so they
+    # round differently, but are no farther from the float32 ones than every row's own are
+    def bf16_error(prompts):
+        bf16_logprobs = lambda p, *a: grouped(cast_params(p, jnp.bfloat16), *a)  # noqa: E731
+        _, got = objective(bf16_logprobs, *prompts, tokens_BT, mask_BT)
+        flat = lambda tree: np.concatenate([np.ravel(x) for x in jax.tree.leaves(tree)])  # noqa: E731
+        return np.linalg.norm(flat(got) - flat(f32_grad)) / np.linalg.norm(flat(f32_grad))
+
+    _, f32_grad = objective(reference, tokens_BT, mask_BT)
+    rows_error, shared_error = (
+        bf16_error((prompt_BP, prompt_mask_BP)),
+        bf16_error((prompt_NP, prompt_mask_NP)),
+    )
+    print(f"bf16 gradients off float32: own prompts {rows_error:.3g}, shared {shared_error:.3g}")
+    # measured 0.0280 and 0.0281; a shared prompt's gradient missing a row would be ~1 / G off
+    assert shared_error <= 1.25 * rows_error, (shared_error, rows_error)
+
+    bf16 = cast_params(params, jnp.bfloat16)
+    seq_BS = jnp.concatenate([prompt_BP, tokens_BT], axis=1)
+    seq_mask_BS = jnp.concatenate([prompt_mask_BP, mask_BT], axis=1)
+    full = jax.jit(lambda p: final_hidden(p, CONFIG, seq_BS, seq_mask_BS)[:, P - 1 : P - 1 + T])
+    shared = jax.jit(lambda p, *a: response_hidden(p, CONFIG, *a, tokens_BT, mask_BT))
+    np.testing.assert_array_equal(shared(bf16, prompt_NP, prompt_mask_NP), full(bf16))
+    np.testing.assert_array_equal(shared(bf16, prompt_BP, prompt_mask_BP), full(bf16))
+
+    def flops(fn):
+        return jax.jit(fn).lower(params).compile().cost_analysis()["flops"]
+
+    def full_rows(p):  # every row's whole sequence through the decoder, as before
+        hidden_BTD = final_hidden(p, CONFIG, seq_BS, seq_mask_BS)[:, P - 1 : P - 1 + T]
+        return sampler._chunked_logp_entropy(p, hidden_BTD, tokens_BT, 1.0, sampler.LOGITS_CHUNK)
+
+    counts = {
+        name: flops(
+            lambda p, prompts=prompts: sampler.token_logprobs(
+                p, CONFIG, *prompts, tokens_BT, mask_BT
+            )
+        )
+        for name, prompts in (
+            ("per row", (prompt_BP, prompt_mask_BP)),
+            ("per group", (prompt_NP, prompt_mask_NP)),
+        )
+    }
+    counts["full rows"] = flops(full_rows)
+    print({k: f"{v:.4g}" for k, v in counts.items()})  # 1.226e7 / 1.108e7 / 8.394e6 here
+    # positions through the decoder: P + T per row in full rows, P + T - 1 per row, P / G + T - 1
+    # shared (6 / 3 + 9 = 11 of 16); the LM head's flops stay, attention's fall faster
+    assert counts["per row"] < counts["full rows"]
+    assert counts["per group"] <= 0.72 * counts["full rows"], counts
 
 
 def test_token_logprobs_chunks_the_lm_head_without_changing_values_or_gradients(params):
@@ -227,7 +350,7 @@ def test_token_logprobs_chunks_the_lm_head_without_changing_values_or_gradients(
     one position per chunk, a chunk size that does not divide T (padded), and one chunk. The
     compiled gradient never holds the ``[B, T, V]`` float32 logits: its temporaries
     (`memory_analysis`, 8 x 32 tokens, a 4096-token vocabulary, one position per chunk) are
-    0.58x their size, the parameter gradients' buffers included, against 3.76x unchunked."""
+    0.55x their size, the parameter gradients' buffers included, against 3.35x unchunked."""
     B, T, temp = len(PROMPTS), 10, 0.7
     prompt_BP, prompt_mask_BP = sampler.pad_prompts(PROMPTS)
     rng = np.random.default_rng(0)

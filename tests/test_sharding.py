@@ -336,6 +336,7 @@ def test_plan_cli_prints_the_llada_table(capsys):
 CHECKS = [
     "check_layouts",
     "check_train_step",
+    "check_grouped_train_step",
     "check_no_recompile",
     "check_score",
     "check_score_bf16",

@@ -487,6 +487,60 @@ def test_logp_old_is_computed_inside_only_on_policy():
         phases.update(state, batch.replace(logp_old=None), jax.random.key(3))
 
 
+def test_a_batch_of_groups_runs_each_prompt_once_with_the_same_update():
+    """`Batch.prompt_group` = G, as `Run` builds its batches (G consecutive rows answer one
+    prompt): the on-policy update and the score phase run each prompt through the model once
+    (`model.response_hidden`), with the result of running every row's own copy (float32):
+    log-probs and entropies to 1e-6 relative, every metric to 1e-5 absolute and 1e-6 relative,
+    and the params after one lr-1e-3 Adam step to 1e-6 (a thousandth of the step; Adam's first
+    step, lr * g / (|g| + 1e-8), turns a float32-rounding difference of a gradient near its eps
+    into up to ~1e-3 of a step, as in the test above). A group that does not divide the rows
+    is an error."""
+    from ais_jax import train
+
+    rollout = RolloutConfig(prompts_per_step=4, group_size=4, max_new_tokens=5)
+    cfg = TrainConfig(steps=1, optim=OptimConfig(learning_rate=1e-3), rollout=rollout)
+    f32 = jax.numpy.dtype("float32")  # bfloat16 rounds the two sums differently (test_sampler)
+    phases = train.make_phases(make_mesh(MeshConfig()), cfg, SMALL, compute_dtype=f32)
+    params = model.init_params(SMALL, jax.random.key(0))
+    rng = np.random.default_rng(0)
+    N, G, P, T = 4, 4, 3, 5
+    B = N * G
+    prompt = np.repeat(rng.integers(1, 64, (N, P)).astype(np.int32), G, axis=0)
+    prompt_mask = np.repeat(np.arange(P)[None] >= rng.integers(0, P, (N, 1)), G, axis=0)
+    tokens = rng.integers(1, 64, (B, T)).astype(np.int32)
+    mask = np.arange(T)[None, :] < rng.integers(1, T + 1, (B, 1))
+    scored = (prompt, prompt_mask, tokens, mask, np.float32(1.0))
+    per_row, per_group = phases.score(params, *scored), phases.score(params, *scored, G)
+    for a, b in zip(per_group, per_row, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6 * float(np.abs(b).max()))
+    logp_old = np.asarray(per_row[0])
+    batch = train.Batch(
+        prompt_tokens=prompt,
+        prompt_mask=prompt_mask,
+        tokens=tokens,
+        mask=mask,
+        logp_rollout=(logp_old + 0.3 * rng.standard_normal((B, T)) * mask).astype(np.float32),
+        logp_old=None,
+        advantages=rng.standard_normal(B).astype(np.float32),
+    )
+    key = jax.random.key(3)
+    state_a, m_a = phases.update(phases.init(params), batch, key)
+    state_b, m_b = phases.update(phases.init(params), batch.replace(prompt_group=G), key)
+    m_a, m_b = jax.device_get(m_a), jax.device_get(m_b)
+    assert abs(float(m_a["loss/policy"])) > 1e-3 and float(m_a["train/grad_norm"]) > 1e-3
+    for name in m_a:
+        np.testing.assert_allclose(m_b[name], m_a[name], atol=1e-5, rtol=1e-6, err_msg=name)
+    diff = jax.tree.map(
+        lambda a, b: np.max(np.abs(np.asarray(a) - np.asarray(b))), state_a.params, state_b.params
+    )
+    assert max(jax.tree.leaves(diff)) <= 1e-6, diff
+    with pytest.raises(ValueError, match="prompt_group=3 does not divide the batch's 16 rows"):
+        phases.update(phases.init(params), batch.replace(prompt_group=3), key)
+    with pytest.raises(ValueError, match="prompt_group=3 does not divide the batch's 16 rows"):
+        phases.score(params, *scored, 3)
+
+
 def test_rollout_mismatch_grows_as_precision_drops(arm_run):
     """Step 1 of every arm starts from the same SFT weights: the rollout-vs-trainer mismatch
     of a BF16 engine is below FP8's, which is below FP4's."""
