@@ -147,16 +147,26 @@ class Run:
         )
 
     def _sample(
-        self, generate: Callable, params, prompts, mask, key, *, greedy=False, temperature=None
+        self,
+        generate: Callable,
+        params,
+        prompts,
+        mask,
+        key,
+        *,
+        greedy=False,
+        temperature=None,
+        prompt_group=1,
     ) -> Rollout:
         """``generate`` on this process's rows: greedy (top_k 1), or sampled at ``temperature``
-        (default: the rollout's) with the rollout's top_k / top_p."""
+        (default: the rollout's) with the rollout's top_k / top_p; ``prompt_group``: rows in
+        groups of that many with one prompt (`sampler.generate`)."""
         r = self.cfg.rollout
         top_k = 1 if greedy else r.top_k or self.model_config.vocab_size
         top_p = 1.0 if greedy or r.top_p is None else r.top_p
         temperature = r.temperature if temperature is None else temperature
         prompts, mask = shd.shard_batch((prompts, mask), self.mesh)
-        return generate(params, prompts, mask, key, temperature, top_k, top_p)
+        return generate(params, prompts, mask, key, temperature, top_k, top_p, prompt_group)
 
     def _rewards(self, task, examples, ro: Rollout) -> np.ndarray:
         """This process's rows of ``ro`` decoded and rewarded (float32)."""
@@ -179,7 +189,9 @@ class Run:
         examples = [ex for ex in next(self.prompts) for _ in range(G)]
         prompts, prompt_mask = self._encode_prompts(self.task, examples)
         with timed(times, "time/rollout_s"):
-            ro = self._sample(self.phases.generate, rollout_params, prompts, prompt_mask, key)
+            ro = self._sample(
+                self.phases.generate, rollout_params, prompts, prompt_mask, key, prompt_group=G
+            )
             ro = jax.block_until_ready(ro)
         del rollout_params
 

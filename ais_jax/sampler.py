@@ -364,7 +364,8 @@ class DecodeState:
 
 
 @functools.partial(
-    jax.jit, static_argnames=("config", "max_new_tokens", "eos_ids", "pad_id", "layout")
+    jax.jit,
+    static_argnames=("config", "max_new_tokens", "eos_ids", "pad_id", "layout", "prompt_group"),
 )
 def _generate(
     params,
@@ -380,16 +381,21 @@ def _generate(
     eos_ids,
     pad_id,
     layout: str | DecodeLayout = "auto",
+    prompt_group: int = 1,
 ):
     B, P = prompt_BP.shape
-    T = max_new_tokens
+    T, G = max_new_tokens, prompt_group
     layout = resolve_layout(layout)  # `generate` passes it resolved
     params = decode_params(params, layout, config)
     dtype = params["embed"].dtype
-    cache = init_cache(config, B, P + T, dtype, value_dtype=value_cache_dtype(dtype, layout))
+    # the prefill: each distinct prompt once (the first row of its group), then every row's copy
+    cache = init_cache(config, B // G, P + T, dtype, value_dtype=value_cache_dtype(dtype, layout))
     logits_B1V, cache = forward_cached(
-        params, config, prompt_BP, cache, prompt_mask_BP, last_only=True
+        params, config, prompt_BP[::G], cache, prompt_mask_BP[::G], last_only=True
     )
+    if G > 1:  # every cache array but the slot index has rows first
+        share = lambda x: jnp.repeat(x, G, axis=0) if x.ndim else x  # noqa: E731
+        logits_B1V, cache = share(logits_B1V), jax.tree.map(share, cache)
     eos_M = jnp.asarray(eos_ids if eos_ids else (-1,), jnp.int32)
 
     def emit(state: DecodeState, logits_BV: jax.Array) -> DecodeState:
@@ -459,6 +465,7 @@ def generate(
     pad_id: int = 0,
     prompt_mask=None,
     layout: str | DecodeLayout = "auto",
+    prompt_group: int = 1,
 ) -> Rollout:
     """Sample up to ``max_new_tokens`` tokens after each prompt.
 
@@ -467,6 +474,10 @@ def generate(
     ``top_p`` between calls reuses the compiled program. ``layout`` is the decode loop's
     `DecodeLayout` (a name of `DECODE_LAYOUTS`, or ``"auto"``: the backend's, `default_layout`);
     it changes the speed, not the distribution, and each layout compiles its own program.
+    ``prompt_group`` G > 1 says the rows come in groups of G consecutive rows with the same
+    prompt (GRPO's G samples of a prompt: ``np.repeat(prompts, G, axis=0)``): the prefill then
+    runs each prompt once and copies its cache to the group, with the same result (an FP8
+    activation scale's amax over the distinct prompts is the amax over all rows).
 
     >>> rollout = generate(params, config, [[1, 2, 3], [4]], jax.random.key(0),
     ...                    max_new_tokens=16, eos_ids=(2,))  # doctest: +SKIP
@@ -486,6 +497,7 @@ def generate(
             f"prompts must be a [B, P] array with B, P >= 1; got shape "
             f"{prompts.shape} (an empty batch or an empty prompt)."
         )
+    _check_prompt_group(prompts, prompt_mask, prompt_group)
     if prompts.shape[1] + max_new_tokens > config.max_position_embeddings:
         raise ValueError(
             f"Prompt length {prompts.shape[1]} + max_new_tokens {max_new_tokens} exceeds the "
@@ -504,7 +516,32 @@ def generate(
         eos_ids=tuple(int(e) for e in eos_ids),
         pad_id=int(pad_id),
         layout=layout,
+        prompt_group=int(prompt_group),
     )
+
+
+def _check_prompt_group(prompts_BP, prompt_mask_BP, group) -> None:
+    """``group`` divides the rows and, where this process holds the prompts' values (not traced,
+    not spread over hosts), every row of a group holds its group's prompt."""
+    B = prompts_BP.shape[0]
+    if isinstance(group, bool) or not isinstance(group, numbers.Integral) or group < 1 or B % group:
+        raise ValueError(
+            f"prompt_group={group!r} must be a positive integer dividing the {B} prompt rows"
+        )
+    for name, a in (("prompts", prompts_BP), ("prompt_mask", prompt_mask_BP)):
+        known = not isinstance(a, jax.core.Tracer) and getattr(a, "is_fully_addressable", True)
+        if group > 1 and known:
+            a = np.asarray(a)
+            groups = a.reshape(B // group, group, *a.shape[1:])
+            differ = np.flatnonzero(
+                np.any(groups != groups[:, :1], axis=tuple(range(1, a.ndim + 1)))
+            )
+            if differ.size:
+                raise ValueError(
+                    f"prompt_group={group}: the {name} of rows {differ[0] * group}.."
+                    f"{differ[0] * group + group - 1} differ (each group of {group} consecutive "
+                    "rows must repeat one prompt)"
+                )
 
 
 def _check_sampling(temperature, top_k, top_p, vocab_size):
@@ -545,12 +582,14 @@ def token_logprobs(
     ``-sum_v p_v log p_v`` of that distribution. Jit it (or the function that calls it)
     yourself.
 
-    The prompts are one per row (N = B) or one per group of G = B / N consecutive rows (the G
-    responses GRPO samples for each prompt): a Qwen3 model with unquantized weights then runs
-    each prompt once and broadcasts its keys/values to its group (`model.response_hidden`),
-    with the values of running every row's ``[prompt, response]`` through the model. Other
-    models (Qwen3.5, quantized weights: their activation scales span the whole sequence) run
-    the rows in full, with each prompt repeated for its group.
+    The prompts are one per row (N = B) or one per group of G = B / N > 1 consecutive rows
+    (the G responses GRPO samples for each prompt): a Qwen3 model with unquantized weights
+    then runs each prompt once and broadcasts its keys/values to its group
+    (`model.response_hidden`), with the values of running every row's ``[prompt, response]``
+    through the model (float32: to rounding; bfloat16: to bfloat16 rounding). Other models
+    (Qwen3.5, quantized weights: their activation scales span the whole sequence) run the
+    rows in full, with each prompt repeated for its group; so do one-prompt-per-row calls
+    (see `model.response_hidden` for why).
 
     The LM head runs on the T response positions only, C at a time (the fused
     linear-cross-entropy idea): for each chunk ``logits_BCV = head(hidden_BCD)``, its
@@ -569,7 +608,7 @@ def token_logprobs(
             f"token_logprobs: {N} prompts for {B} response rows; pass one prompt per row or "
             "one per group of consecutive rows (N dividing B)"
         )
-    if _shares_prompts(params, config):
+    if N < B and _shares_prompts(params, config):
         hidden_BTD = response_hidden(
             params, config, prompt_tokens_NP, prompt_mask_NP, tokens_BT, mask_BT
         )

@@ -394,7 +394,8 @@ class Phases:
     init(params) -> TrainState                       params placed shard by shard; moments
                                                      created sharded (no device holds it all)
     sync(params) -> rollout params                   ``rollout.format`` copy, ROLLOUT layout
-    generate(rollout params, prompts, prompt_mask, key, temperature, top_k, top_p) -> Rollout
+    generate(rollout params, prompts, prompt_mask, key, temperature, top_k, top_p
+             [, prompt_group]) -> Rollout            prompt_group as in score
     sync_bf16, generate_bf16                         the same for the BF16 trainer policy
                                                      (held-out evaluation)
     score(params, prompt_tokens, prompt_mask, tokens, mask, temperature[, prompt_group])
@@ -520,7 +521,7 @@ def _generate_phase(
         functools.partial(sync_rollout_params, cfg=rollout, dtype=dtype), _master(config)
     )
 
-    def rollout_fn(params, prompts, prompt_mask, key, temperature, top_k, top_p):
+    def rollout_fn(params, prompts, prompt_mask, key, temperature, top_k, top_p, prompt_group=1):
         return sampler.generate(
             params,
             config,
@@ -534,6 +535,7 @@ def _generate_phase(
             eos_ids=eos_ids,
             pad_id=pad_id,
             layout=layout,
+            prompt_group=prompt_group,
         )
 
     rows, rep = shd.batch_sharding(mesh), shd.replicated(mesh)
@@ -541,6 +543,7 @@ def _generate_phase(
         rollout_fn,
         in_shardings=(shd.param_shardings(copy, mesh, shd.ROLLOUT), rows, rows, rep, rep, rep, rep),
         out_shardings=rows,
+        static_argnums=7,  # prompt_group, given by position
     )
 
 

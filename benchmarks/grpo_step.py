@@ -18,8 +18,8 @@ Engines (each in its own subprocess and interpreter, on CPU; peers in their own 
   logp_old in its own forward); *update* (the GRPO loss with the AIS correction, AdamW). With
   ``--ais-variants`` also ``+score`` (a separate score pass, the path before issue 19), the
   update with no correction, for the AIS correction's share of the step, and ``own prompts``
-  (`Batch.prompt_group` = 1: every row runs its own copy of its prompt, as before prompts were
-  shared).
+  (prompt_group 1 in the rollout and `Batch.prompt_group` = 1: every row's prefill and update
+  forward run its own copy of its prompt, as before prompts were shared).
 - ``trl``: `trl.GRPOTrainer` (float32, transformers `generate`, no vLLM; ``min_new_tokens`` = 64),
   over a word-level tokenizer whose words are the ids. *rollout* is `generate`; *update* the
   rest of the step (TRL's own scoring of nothing: on-policy it takes logp_old = detached
@@ -139,7 +139,8 @@ def worker_ais_jax(a) -> dict:
     for i in range(a.warmup + a.steps):
         key = jax.random.key(i)
         t0, cpu0 = time.perf_counter(), time.process_time()
-        ro = phases.generate(phases.sync(state.params), prompts, prompt_mask, key, one, V, one)
+        rollout_params = phases.sync(state.params)
+        ro = phases.generate(rollout_params, prompts, prompt_mask, key, one, V, one, group)
         tokens = np.asarray(jax.block_until_ready(ro).tokens)  # to the host, as rewards need
         t1 = time.perf_counter()
         rewards = (tokens.sum(axis=1) % 2).astype(np.float32)

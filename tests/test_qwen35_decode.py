@@ -140,6 +140,20 @@ def test_bf16_rollout_logp_equals_token_logprobs(params, layout):
         assert d.max() <= 0.05 and d.mean() <= 5e-3
 
 
+def test_a_group_of_rows_with_one_prompt_is_prefilled_once(params, layout):
+    """``prompt_group`` on a Qwen3.5 model: the prefill runs each prompt once and copies its
+    `HybridCache` (KV slots, conv inputs, delta-rule states) to the group's rows; the bf16
+    rollout is bitwise the one of prefilling every row."""
+    p, G = cast_params(params, jnp.bfloat16), 2
+    prompts, prompt_mask = (np.repeat(a, G, axis=0) for a in sampler.pad_prompts(PROMPTS))
+    kw = dict(max_new_tokens=T, eos_ids=(3, 17, 40, 51), layout=layout, prompt_mask=prompt_mask)
+    rows = sampler.generate(p, CONFIG, prompts, KEY, **kw)
+    grouped = sampler.generate(p, CONFIG, prompts, KEY, prompt_group=G, **kw)
+    for name in ("tokens", "mask", "logp", "logp_plain", "lengths", "finished"):
+        np.testing.assert_array_equal(getattr(grouped, name), getattr(rows, name), err_msg=name)
+    assert (np.asarray(rows.tokens[0]) != np.asarray(rows.tokens[1])).any()  # one group, 2 draws
+
+
 def test_fp8_rollout_quantizes_every_projection(params, monkeypatch):
     """FP8: every projection of every layer is a `QArray` that `quant.linear` runs in W8A8
     during a decode step (counted while tracing one: 7 per attention layer, 8 per Gated

@@ -33,7 +33,6 @@ from ais_jax.model import (
     final_hidden,
     forward,
     forward_cached,
-    head_logits,
     init_cache,
     init_params,
     response_hidden,
@@ -225,7 +224,7 @@ def _logp_entropy_of(logits_BTV, tokens_BT, mask_BT, temp):
     return jnp.where(mask_BT, logp_BT, 0.0), jnp.where(mask_BT, entropy_BT, 0.0)
 
 
-def _full_row_logprobs(params, config, prompt_BP, prompt_mask_BP, tokens_BT, mask_BT, temp):
+def _unchunked_logprobs(params, config, prompt_BP, prompt_mask_BP, tokens_BT, mask_BT, temp):
     """The reference: `forward` over every row's ``[prompt, response]``, its ``[B, S, V]``
     logits sliced to the positions that score the response, then log-softmax."""
     P, T = prompt_BP.shape[1], tokens_BT.shape[1]
@@ -234,25 +233,19 @@ def _full_row_logprobs(params, config, prompt_BP, prompt_mask_BP, tokens_BT, mas
     return _logp_entropy_of(logits_BSV[:, P - 1 : P - 1 + T], tokens_BT, mask_BT, temp)
 
 
-def _unchunked_logprobs(params, config, prompt_NP, prompt_mask_NP, tokens_BT, mask_BT, temp):
-    """`token_logprobs` without its chunks: the LM head over the same hidden states
-    (`model.response_hidden`), all ``[B, T, V]`` float32 logits at once."""
-    hidden_BTD = response_hidden(params, config, prompt_NP, prompt_mask_NP, tokens_BT, mask_BT)
-    return _logp_entropy_of(head_logits(params, hidden_BTD), tokens_BT, mask_BT, temp)
-
-
 def test_token_logprobs_runs_each_prompt_of_a_group_once(params):
     """GRPO's G responses to one prompt: given one prompt per group of G consecutive rows,
-    `token_logprobs` runs each prompt through the model once (`model.response_hidden`), and
-    given one prompt per row it still leaves out the last response token, whose hidden state
-    scores nothing. Both equal `forward` over every row's whole ``[prompt, response]``
-    (prompts left-padded, responses cut short by the mask, T = 1 too): float32 log-probs and
-    entropies to 1e-6 relative, gradients to 1e-5 of each leaf's 2-norm (float32 sums in
+    `token_logprobs` runs each prompt through the model once (`model.response_hidden`, which
+    also leaves out the last response token: its hidden state scores nothing). It equals
+    `forward` over every row's whole ``[prompt, response]`` (prompts left-padded, responses
+    cut short by the mask, T = 1 too), as does the one-prompt-per-row call: float32 log-probs
+    and entropies to 1e-6 relative, gradients to 1e-5 of each leaf's 2-norm (float32 sums in
     another order: a shared prompt's gradient is summed over its group before it reaches the
     layer below; measured <= 1.6e-6, where leaving one row's share out of a prompt's gradient
-    would move it by ~1 / G). In bfloat16 the hidden states are bitwise equal and the
-    gradients no farther from float32's than those of every row's own prompt. XLA's flop
-    count of the compiled log-probs falls with the positions the decoder no longer runs."""
+    would move it by ~1 / G). In bfloat16 `response_hidden`'s hidden states are bitwise those
+    of the full rows on this model, and the gradients no farther from float32's than those of
+    every row's own prompt. XLA's flop count falls with the positions the decoder no longer
+    runs."""
     N, G, T, temp = len(PROMPTS), 3, 10, 0.7
     B = N * G
     prompt_NP, prompt_mask_NP = sampler.pad_prompts(PROMPTS)
@@ -276,7 +269,7 @@ def test_token_logprobs_runs_each_prompt_of_a_group_once(params):
         )
 
     def reference(p, tokens, mask):
-        return _full_row_logprobs(p, CONFIG, prompt_BP, prompt_mask_BP, tokens, mask, temp)
+        return _unchunked_logprobs(p, CONFIG, prompt_BP, prompt_mask_BP, tokens, mask, temp)
 
     for t in (T, 1):
         tokens, mask = tokens_BT[:, :t], mask_BT[:, :t]
@@ -324,23 +317,13 @@ def test_token_logprobs_runs_each_prompt_of_a_group_once(params):
         hidden_BTD = final_hidden(p, CONFIG, seq_BS, seq_mask_BS)[:, P - 1 : P - 1 + T]
         return sampler._chunked_logp_entropy(p, hidden_BTD, tokens_BT, 1.0, sampler.LOGITS_CHUNK)
 
-    counts = {
-        name: flops(
-            lambda p, prompts=prompts: sampler.token_logprobs(
-                p, CONFIG, *prompts, tokens_BT, mask_BT
-            )
-        )
-        for name, prompts in (
-            ("per row", (prompt_BP, prompt_mask_BP)),
-            ("per group", (prompt_NP, prompt_mask_NP)),
-        )
-    }
-    counts["full rows"] = flops(full_rows)
-    print({k: f"{v:.4g}" for k, v in counts.items()})  # 1.226e7 / 1.108e7 / 8.394e6 here
-    # positions through the decoder: P + T per row in full rows, P + T - 1 per row, P / G + T - 1
-    # shared (6 / 3 + 9 = 11 of 16); the LM head's flops stay, attention's fall faster
-    assert counts["per row"] < counts["full rows"]
-    assert counts["per group"] <= 0.72 * counts["full rows"], counts
+    per_group = flops(
+        lambda p: sampler.token_logprobs(p, CONFIG, prompt_NP, prompt_mask_NP, tokens_BT, mask_BT)
+    )
+    print(f"flops: full rows {flops(full_rows):.4g}, one prompt per group {per_group:.4g}")
+    # measured 1.226e7 and 8.394e6. Positions through the decoder: P + T per row in full rows,
+    # P / G + T - 1 shared (6 / 3 + 9 = 11 of 16); the LM head's flops stay, attention's fall
+    assert per_group <= 0.72 * flops(full_rows)
 
 
 def test_token_logprobs_chunks_the_lm_head_without_changing_values_or_gradients(params):
@@ -350,7 +333,7 @@ def test_token_logprobs_chunks_the_lm_head_without_changing_values_or_gradients(
     one position per chunk, a chunk size that does not divide T (padded), and one chunk. The
     compiled gradient never holds the ``[B, T, V]`` float32 logits: its temporaries
     (`memory_analysis`, 8 x 32 tokens, a 4096-token vocabulary, one position per chunk) are
-    0.55x their size, the parameter gradients' buffers included, against 3.35x unchunked."""
+    0.58x their size, the parameter gradients' buffers included, against 3.76x unchunked."""
     B, T, temp = len(PROMPTS), 10, 0.7
     prompt_BP, prompt_mask_BP = sampler.pad_prompts(PROMPTS)
     rng = np.random.default_rng(0)
@@ -719,6 +702,37 @@ def test_deterministic_for_a_key(params, rollout_f32, layout):
 
 
 @pytest.mark.parametrize("kind", ["float32", "bfloat16", "fp8"])
+def test_a_group_of_rows_with_one_prompt_is_prefilled_once(params, layout, kind):
+    """``prompt_group=G`` (G consecutive rows repeat one prompt, GRPO's G samples): the prefill
+    runs each prompt once and copies its cache to the group. The rollout is the one of
+    prefilling every row: the same tokens; bfloat16 and FP8 log-probs bitwise (FP8: a
+    per-tensor activation amax over the distinct prompts is the amax over all rows), float32
+    ones to float32 rounding. The compiled program does fewer flops."""
+    p = quantize_fp8(params) if kind == "fp8" else cast_params(params, jnp.dtype(kind))
+    G = 3
+    prompts, prompt_mask = (np.repeat(a, G, axis=0) for a in sampler.pad_prompts(PROMPTS))
+    kw = dict(max_new_tokens=T, eos_ids=EOS_IDS, layout=layout, prompt_mask=prompt_mask)
+    rows = sampler.generate(p, CONFIG, prompts, KEY, **kw)
+    grouped = sampler.generate(p, CONFIG, prompts, KEY, prompt_group=G, **kw)
+    for name in ("tokens", "mask", "lengths", "finished"):
+        np.testing.assert_array_equal(getattr(grouped, name), getattr(rows, name), err_msg=name)
+    for name in ("logp", "logp_plain"):  # float32: the prefill's dots over 4 rows, not 12,
+        # may sum in another order (measured 9.5e-7, 2 ulp of a log-prob near -3)
+        atol = 1e-5 if kind == "float32" else 0.0
+        np.testing.assert_allclose(getattr(grouped, name), getattr(rows, name), atol=atol, rtol=0)
+    assert 0 < int(rows.lengths.min()) < T  # some rows stopped at an EOS id, some ran on
+
+    def flops(group):
+        args = (p, CONFIG, jnp.asarray(prompts), jnp.asarray(prompt_mask), KEY)
+        args += (jnp.float32(1), jnp.int32(V), jnp.float32(1))
+        static = dict(max_new_tokens=T, eos_ids=EOS_IDS, pad_id=0, prompt_group=group)
+        compiled = sampler._generate.lower(*args, layout=sampler.resolve_layout(layout), **static)
+        return compiled.compile().cost_analysis()["flops"]
+
+    assert flops(G) < flops(1)
+
+
+@pytest.mark.parametrize("kind", ["float32", "bfloat16", "fp8"])
 def test_params_prepared_once_give_the_same_rollout(params, layout, kind):
     """`decode_params` done once per weight sync (as `quantize_fp8` is): `generate` on its
     output draws the same tokens with the same log-probs (to float32 rounding: XLA may sum a
@@ -836,6 +850,10 @@ def test_sampling_options_do_not_recompile(params, rollout_f32, layout):
         (dict(layout="cpu"), "'cpu'"),
         (dict(layout="gpu"), "['auto', 'in_out_f32_values', 'out_in']"),
         (dict(layout=None), "None"),
+        (dict(prompt_group=3), "prompt_group=3 must be a positive integer dividing the 4"),
+        (dict(prompt_group=0), "prompt_group=0"),
+        (dict(prompt_group=2), "prompt_group=2: the prompts of rows 0..1 differ"),
+        (dict(prompts=[[1, 2], [1, 2], [0, 5], [5]], prompt_group=2), "prompt_mask of rows 2..3"),
     ],
 )
 def test_bad_arguments_raise_naming_the_value(params, kwargs, named):
