@@ -352,12 +352,7 @@ def response_hidden(
     """
     N, P = prompt_tokens_NP.shape
     B, T = tokens_BT.shape
-    if N < 1 or B % N:
-        raise ValueError(
-            f"response_hidden: {N} prompts for {B} response rows; the rows must come in equal "
-            "groups of consecutive rows, one group per prompt"
-        )
-    G, S = B // N, T - 1  # S response inputs: all but the last token
+    G, S = rows_per_prompt(N, B), T - 1  # S response inputs: all but the last token
     share = lambda a_N: jnp.repeat(a_N, G, axis=0)  # noqa: E731  (a prompt's value, per row)
     prompt_mask_NP, mask_BT = prompt_mask_NP.astype(bool), mask_BT.astype(bool)
     tokens_BS, mask_BS = tokens_BT[:, :S], mask_BT[:, :S]
@@ -388,6 +383,17 @@ def response_hidden(
             x_BSD = _layer(lp, config, x_BSD, positions_BS, mask_BS, attend_response)
     norm = lambda x: rms_norm(x, params["final_norm"], config.rms_norm_eps)  # noqa: E731
     return jnp.concatenate([share(norm(x_NPD)[:, -1:]), norm(x_BSD)], axis=1)
+
+
+def rows_per_prompt(prompts: int, rows: int) -> int:
+    """G: how many consecutive rows share each of ``prompts`` prompts among ``rows`` rows (one
+    prompt per row: 1); an error unless the prompts divide the rows."""
+    if prompts < 1 or rows % prompts:
+        raise ValueError(
+            f"{prompts} prompts for {rows} response rows: pass one prompt per row or one per "
+            "group of consecutive rows (a number of prompts that divides the rows)"
+        )
+    return rows // prompts
 
 
 def _valid(tokens_BS: jax.Array, mask_BS: jax.Array | None) -> jax.Array:

@@ -73,6 +73,7 @@ from ais_jax.model import (
     head_logits,
     init_cache,
     response_hidden,
+    rows_per_prompt,
     unstack_layers,
 )
 from ais_jax.model_config import ModelConfig
@@ -603,12 +604,8 @@ def token_logprobs(
     """
     N, P = prompt_tokens_NP.shape
     B, T = tokens_BT.shape
-    if N < 1 or B % N:
-        raise ValueError(
-            f"token_logprobs: {N} prompts for {B} response rows; pass one prompt per row or "
-            "one per group of consecutive rows (N dividing B)"
-        )
-    if N < B and _shares_prompts(params, config):
+    G = rows_per_prompt(N, B)
+    if G > 1 and _shares_prompts(params, config):
         hidden_BTD = response_hidden(
             params, config, prompt_tokens_NP, prompt_mask_NP, tokens_BT, mask_BT
         )
@@ -617,7 +614,7 @@ def token_logprobs(
         )
     else:
         prompt_tokens_BP, prompt_mask_BP = (
-            jnp.repeat(a, B // N, axis=0) for a in (prompt_tokens_NP, prompt_mask_NP)
+            jnp.repeat(a, G, axis=0) for a in (prompt_tokens_NP, prompt_mask_NP)
         )
         seq_BS = jnp.concatenate([prompt_tokens_BP, tokens_BT], axis=1)
         seq_mask_BS = jnp.concatenate([prompt_mask_BP, mask_BT], axis=1).astype(bool)

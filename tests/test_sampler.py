@@ -302,6 +302,10 @@ def test_token_logprobs_runs_each_prompt_of_a_group_once(params):
     # measured 0.0280 and 0.0281; a shared prompt's gradient missing a row would be ~1 / G off
     assert shared_error <= 1.25 * rows_error, (shared_error, rows_error)
 
+    five = (jnp.concatenate([a, a[:1]]) for a in (prompt_NP, prompt_mask_NP))
+    with pytest.raises(ValueError, match="5 prompts for 12 response rows"):
+        sampler.token_logprobs(params, CONFIG, *five, tokens_BT, mask_BT)
+
     bf16 = cast_params(params, jnp.bfloat16)
     seq_BS = jnp.concatenate([prompt_BP, tokens_BT], axis=1)
     seq_mask_BS = jnp.concatenate([prompt_mask_BP, mask_BT], axis=1)

@@ -394,6 +394,23 @@ def test_non_ais_arms_log_diagnostics_with_the_configured_settings(method):
     assert alpha_var > 0 and float(metrics["ais/alpha_var"]) == pytest.approx(alpha_var, rel=1e-5)
 
 
+def _on_policy_batch(rng, prompt, prompt_mask, tokens, mask, logp_old):
+    """An on-policy batch (logp_old left to the update): rollout log-probs = the trainer's
+    ``logp_old`` + N(0, 0.3) noise on valid tokens, standard normal advantages."""
+    from ais_jax import train
+
+    noise = 0.3 * rng.standard_normal(mask.shape) * mask
+    return train.Batch(
+        prompt_tokens=prompt,
+        prompt_mask=prompt_mask,
+        tokens=tokens,
+        mask=mask,
+        logp_rollout=(logp_old + noise).astype(np.float32),
+        logp_old=None,
+        advantages=rng.standard_normal(mask.shape[0]).astype(np.float32),
+    )
+
+
 def _on_policy_pair(method: str, dtype: str):
     """One on-policy update two ways from the same params, batch and key: scored first (the
     score phase's logp_old, as before) and with ``logp_old=None`` (computed in the update).
@@ -418,15 +435,7 @@ def _on_policy_pair(method: str, dtype: str):
     mask = np.arange(T)[None, :] < rng.integers(1, T + 1, (B, 1))
     logp_old, entropy = phases.score(params, prompt, prompt_mask, tokens, mask, np.float32(1.0))
     logp_old, entropy = np.asarray(logp_old), np.asarray(entropy)
-    batch = train.Batch(
-        prompt_tokens=prompt,
-        prompt_mask=prompt_mask,
-        tokens=tokens,
-        mask=mask,
-        logp_rollout=(logp_old + 0.3 * rng.standard_normal((B, T)) * mask).astype(np.float32),
-        logp_old=None,
-        advantages=rng.standard_normal(B).astype(np.float32),
-    )
+    batch = _on_policy_batch(rng, prompt, prompt_mask, tokens, mask, logp_old)
     key = jax.random.key(3)
     scored = phases.update(phases.init(params), batch.replace(logp_old=logp_old), key)
     inside = phases.update(phases.init(params), batch, key)
@@ -514,16 +523,7 @@ def test_a_batch_of_groups_runs_each_prompt_once_with_the_same_update():
     per_row, per_group = phases.score(params, *scored), phases.score(params, *scored, G)
     for a, b in zip(per_group, per_row, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6 * float(np.abs(b).max()))
-    logp_old = np.asarray(per_row[0])
-    batch = train.Batch(
-        prompt_tokens=prompt,
-        prompt_mask=prompt_mask,
-        tokens=tokens,
-        mask=mask,
-        logp_rollout=(logp_old + 0.3 * rng.standard_normal((B, T)) * mask).astype(np.float32),
-        logp_old=None,
-        advantages=rng.standard_normal(B).astype(np.float32),
-    )
+    batch = _on_policy_batch(rng, prompt, prompt_mask, tokens, mask, np.asarray(per_row[0]))
     key = jax.random.key(3)
     state_a, m_a = phases.update(phases.init(params), batch, key)
     state_b, m_b = phases.update(phases.init(params), batch.replace(prompt_group=G), key)
