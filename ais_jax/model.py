@@ -170,11 +170,19 @@ def attention(
     operand's, with float32 accumulation: a float32 value cache holding bfloat16 values (the
     sampler's on CPU) gives the same products, summed in another order.
     """
-    B, Q, H, E = q_BQHE.shape
-    K = k_BKSE.shape[1]
     dtype = q_BQHE.dtype
     key_dtype = jnp.promote_types(dtype, k_BKSE.dtype)
     value_dtype = jnp.promote_types(dtype, v_BKES.dtype)
+    one_query = q_BQHE.shape[1] == 1  # a decode step
+    attend = _attention_one_query if one_query else _attention_queries
+    return attend(q_BQHE, k_BKSE, v_BKES, allowed_BQS, key_dtype, value_dtype)
+
+
+def _attention_queries(q_BQHE, k_BKSE, v_BKES, allowed_BQS, key_dtype, value_dtype):
+    """`attention` for any number Q of query positions."""
+    B, Q, H, E = q_BQHE.shape
+    K = k_BKSE.shape[1]
+    dtype = q_BQHE.dtype
     q_BQKRE = q_BQHE.reshape(B, Q, K, H // K, E).astype(key_dtype)
     scores_BKRQS = jnp.einsum(
         "bqkre,bkse->bkrqs", q_BQKRE, k_BKSE.astype(key_dtype), preferred_element_type=F32
@@ -185,6 +193,26 @@ def attention(
         "bkrqs,bkes->bqkre", probs_BKRQS, v_BKES.astype(value_dtype), preferred_element_type=F32
     )
     return out_BQKRE.astype(dtype).reshape(B, Q, H * E)
+
+
+def _attention_one_query(q_B1HE, k_BKSE, v_BKES, allowed_B1S, key_dtype, value_dtype):
+    """`attention` for one query position (a decode step): `_attention_queries`' products and
+    sums, written without the unit Q axis. XLA:CPU's YNNPACK dots then read and write the
+    operands as they lie; with Q = 1 inside the general einsums the attention dots took about
+    half of a tiny-model decode step (batch 128: 1.56 vs 0.54 ms per layer, equal results)."""
+    B, _, H, E = q_B1HE.shape
+    K = k_BKSE.shape[1]
+    dtype = q_B1HE.dtype
+    q_BKRE = q_B1HE.reshape(B, K, H // K, E).astype(key_dtype)
+    scores_BKRS = jnp.einsum(
+        "bkre,bkse->bkrs", q_BKRE, k_BKSE.astype(key_dtype), preferred_element_type=F32
+    ) * (E**-0.5)
+    scores_BKRS = jnp.where(allowed_B1S[:, None], scores_BKRS, _MASKED)
+    probs_BKRS = jax.nn.softmax(scores_BKRS, axis=-1).astype(dtype).astype(value_dtype)
+    out_BKRE = jnp.einsum(
+        "bkrs,bkes->bkre", probs_BKRS, v_BKES.astype(value_dtype), preferred_element_type=F32
+    )
+    return out_BKRE.astype(dtype).reshape(B, 1, H * E)
 
 
 def _cache_layout(k_BSKE: jax.Array, v_BSKE: jax.Array) -> tuple[jax.Array, jax.Array]:

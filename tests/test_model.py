@@ -20,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from training_run import MODEL
 
+from ais_jax import model
 from ais_jax.model import forward, forward_cached, init_cache, param_shapes
 from ais_jax.model_config import PRESETS, ModelConfig
 
@@ -144,6 +145,42 @@ def test_kv_cache_decode_matches_full_forward(config):
     assert int(cache.index) == P + T
     np.testing.assert_array_equal(cache.next_pos, prompt_mask.sum(1) + new_mask.sum(1))
     assert step._cache_size() == compiled  # decode steps after the first never retrace
+
+
+@pytest.mark.parametrize("B, K, R, E, S", [(5, 2, 2, 8, 11), (3, 1, 4, 16, 9), (4, 3, 1, 8, 6)])
+def test_one_query_attention_is_the_general_attention(B, K, R, E, S):
+    """A decode step's attention (Q = 1, its own einsums) equals the general path's (any Q) and
+    float64 softmax attention: float32 to rounding; with the sampler's operands (bfloat16
+    queries and keys, a float32 value cache holding bfloat16 values) to one bfloat16 rounding
+    of the output (measured: bitwise equal)."""
+    rng = np.random.default_rng(B * 100 + S)
+    q = rng.normal(size=(B, 1, K * R, E)).astype(np.float32)
+    k = rng.normal(size=(B, K, S, E)).astype(np.float32)
+    v = rng.normal(size=(B, K, E, S)).astype(np.float32)
+    allowed = rng.random((B, 1, S)) < 0.7
+    allowed[:, :, 0] = True  # every row attends somewhere
+
+    scores = np.einsum("bkre,bkse->bkrs", q.reshape(B, K, R, E), k, dtype=np.float64) / E**0.5
+    scores = np.where(allowed[:, None], scores, -np.inf)
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    reference = np.einsum("bkrs,bkes->bkre", probs, v).reshape(B, 1, K * R * E)
+
+    one = jax.jit(model.attention)(q, k, v, allowed)
+    general = jax.jit(model._attention_queries, static_argnums=(4, 5))
+    np.testing.assert_allclose(one, reference, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        one, general(q, k, v, allowed, jnp.float32, jnp.float32), rtol=1e-6, atol=1e-6
+    )
+
+    bf16 = jnp.bfloat16
+    q16, k16 = jnp.asarray(q, bf16), jnp.asarray(k, bf16)
+    v32 = jnp.asarray(v, bf16).astype(jnp.float32)
+    one16 = jax.jit(model.attention)(q16, k16, v32, allowed)
+    general16 = general(q16, k16, v32, allowed, bf16, jnp.float32)
+    assert one16.dtype == bf16
+    ulp = 2.0**-8 * np.abs(np.asarray(general16, np.float32)).max()
+    np.testing.assert_allclose(np.asarray(one16, np.float32), general16.astype(np.float32), atol=ulp)
 
 
 # ---- real sizes without allocating --------------------------------------------------------------
