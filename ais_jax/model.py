@@ -45,6 +45,7 @@ one in a decode step). The layer functions shared by both call their positions S
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 import jax
@@ -411,6 +412,22 @@ def response_hidden(
             x_BSD = _layer(lp, config, x_BSD, positions_BS, mask_BS, attend_response)
     norm = lambda x: rms_norm(x, params["final_norm"], config.rms_norm_eps)  # noqa: E731
     return jnp.concatenate([share(norm(x_NPD)[:, -1:]), norm(x_BSD)], axis=1)
+
+
+def check_prompt_group(group, rows: int) -> int:
+    """``group`` (G, the consecutive rows that share one prompt: `train.Batch.prompt_group`,
+    `sampler.generate`'s ``prompt_group``) as an int; an error unless it is a positive integer
+    that divides ``rows``."""
+    if (
+        isinstance(group, bool)
+        or not isinstance(group, numbers.Integral)
+        or group < 1
+        or rows % group
+    ):
+        raise ValueError(
+            f"prompt_group={group!r} must be a positive integer dividing the {rows} rows"
+        )
+    return int(group)
 
 
 def rows_per_prompt(prompts: int, rows: int) -> int:

@@ -67,6 +67,7 @@ from flax import struct
 from ais_jax.model import (
     KVCache,
     Params,
+    check_prompt_group,
     final_hidden,
     forward,
     forward_cached,
@@ -525,10 +526,7 @@ def _check_prompt_group(prompts_BP, prompt_mask_BP, group) -> None:
     """``group`` divides the rows and, where this process holds the prompts' values (not traced,
     not spread over hosts), every row of a group holds its group's prompt."""
     B = prompts_BP.shape[0]
-    if isinstance(group, bool) or not isinstance(group, numbers.Integral) or group < 1 or B % group:
-        raise ValueError(
-            f"prompt_group={group!r} must be a positive integer dividing the {B} prompt rows"
-        )
+    check_prompt_group(group, B)
     for name, a in (("prompts", prompts_BP), ("prompt_mask", prompt_mask_BP)):
         known = not isinstance(a, jax.core.Tracer) and getattr(a, "is_fully_addressable", True)
         if group > 1 and known:

@@ -63,7 +63,7 @@ from ais_jax.config import (
     SFTConfig,
     TrainConfig,
 )
-from ais_jax.model import Params, cast_params, param_shapes
+from ais_jax.model import Params, cast_params, check_prompt_group, param_shapes
 from ais_jax.model_config import ModelConfig
 from ais_jax.quant import quantize_params
 from ais_jax.qwen35 import Qwen35Config
@@ -310,9 +310,8 @@ def update(
             f"{optim.minibatches}: logp_old is computed inside the update only on-policy "
             "(1 epoch, 1 minibatch); score the batch first (Phases.score)"
         )
-    B, G = batch.tokens.shape[0], batch.prompt_group
-    if B % G:
-        raise ValueError(f"Batch.prompt_group={G} does not divide the batch's {B} rows")
+    B = batch.tokens.shape[0]
+    G = check_prompt_group(batch.prompt_group, B)
     if on_policy(optim):  # the one minibatch is the whole batch, in order: groups stay whole
         idx_UM = jnp.arange(B)[None]
     else:
@@ -550,9 +549,7 @@ def _generate_phase(
 @functools.lru_cache(maxsize=PHASE_MEMO)
 def _score_phase(mesh, config: ModelConfig | Qwen35Config, dtype) -> Callable:
     def score_fn(params, prompt_tokens, prompt_mask, tokens, mask, temperature, prompt_group=1):
-        G = prompt_group  # one prompt per group of G rows (`Batch.prompt_group`)
-        if tokens.shape[0] % G:
-            raise ValueError(f"prompt_group={G} does not divide the batch's {tokens.shape[0]} rows")
+        G = check_prompt_group(prompt_group, tokens.shape[0])  # one prompt per group of G rows
         prompts = (prompt_tokens[::G], prompt_mask[::G])
         return score(params, config, *prompts, tokens, mask, temperature, dtype=dtype)
 

@@ -180,7 +180,9 @@ def test_one_query_attention_is_the_general_attention(B, K, R, E, S):
     general16 = general(q16, k16, v32, allowed, bf16, jnp.float32)
     assert one16.dtype == bf16
     ulp = 2.0**-8 * np.abs(np.asarray(general16, np.float32)).max()
-    np.testing.assert_allclose(np.asarray(one16, np.float32), general16.astype(np.float32), atol=ulp)
+    np.testing.assert_allclose(
+        np.asarray(one16, np.float32), general16.astype(np.float32), atol=ulp
+    )
 
 
 # ---- real sizes without allocating --------------------------------------------------------------

@@ -854,7 +854,7 @@ def test_sampling_options_do_not_recompile(params, rollout_f32, layout):
         (dict(layout="cpu"), "'cpu'"),
         (dict(layout="gpu"), "['auto', 'in_out_f32_values', 'out_in']"),
         (dict(layout=None), "None"),
-        (dict(prompt_group=3), "prompt_group=3 must be a positive integer dividing the 4"),
+        (dict(prompt_group=3), "prompt_group=3 must be a positive integer dividing the 4 rows"),
         (dict(prompt_group=0), "prompt_group=0"),
         (dict(prompt_group=2), "prompt_group=2: the prompts of rows 0..1 differ"),
         (dict(prompts=[[1, 2], [1, 2], [0, 5], [5]], prompt_group=2), "prompt_mask of rows 2..3"),

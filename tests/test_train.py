@@ -535,9 +535,13 @@ def test_a_batch_of_groups_runs_each_prompt_once_with_the_same_update():
         lambda a, b: np.max(np.abs(np.asarray(a) - np.asarray(b))), state_a.params, state_b.params
     )
     assert max(jax.tree.leaves(diff)) <= 1e-6, diff
-    with pytest.raises(ValueError, match="prompt_group=3 does not divide the batch's 16 rows"):
+    with pytest.raises(
+        ValueError, match="prompt_group=3 must be a positive integer dividing the 16 rows"
+    ):
         phases.update(phases.init(params), batch.replace(prompt_group=3), key)
-    with pytest.raises(ValueError, match="prompt_group=3 does not divide the batch's 16 rows"):
+    with pytest.raises(
+        ValueError, match="prompt_group=3 must be a positive integer dividing the 16 rows"
+    ):
         phases.score(params, *scored, 3)
 
 
