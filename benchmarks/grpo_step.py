@@ -43,6 +43,7 @@ drops out of its loss) and, like TRL, computes no rollout log-probs or AIS diagn
 
     python benchmarks/grpo_step.py                        # tiny and small, every engine
     python benchmarks/grpo_step.py --sizes tiny --engines ais_jax-bf16,trl,tunix --steps 3
+    python benchmarks/grpo_step.py --sizes tiny --engines ais_jax-bf16 --decode-layout out_in
 """
 
 from __future__ import annotations
@@ -116,6 +117,7 @@ def worker_ais_jax(a) -> dict:
         group_size=GROUP,
         max_new_tokens=NEW_TOKENS,
         max_prompt_len=PROMPT_LEN,
+        decode_layout=a.decode_layout,
     )
 
     def setup(method: str) -> TrainConfig:
@@ -182,6 +184,8 @@ def worker_ais_jax(a) -> dict:
     result["version"] = f"jax {jax.__version__}, correction {a.correction}" + (
         ", score pass" if a.score else ""
     )
+    if a.decode_layout != "auto":
+        result["version"] += f", decode layout {a.decode_layout}"
     return result
 
 
@@ -462,7 +466,7 @@ def report(size: str, results: dict[str, dict]) -> None:
                 f"{r['update']:.2f}",
                 f"{r['peak_gib']:.2f}",
                 f"{r['cpu']:.2f}",
-                f"{fastest / step:.2f}x",
+                f"{fastest / step:.2f}x" if fastest == fastest else "- (no peer ran)",
             ]
         )
     header = [
@@ -510,6 +514,11 @@ def main() -> None:
     )
     p.add_argument(
         "--chunk-logits", type=int, default=0, help="ais_jax: LM-head chunk (0: default)"
+    )
+    p.add_argument(
+        "--decode-layout",
+        default="auto",
+        help="ais_jax: the rollout's decode layout (sampler.DECODE_LAYOUTS; auto: the backend's)",
     )
     p.add_argument("--trl-python", default=str(PEER_ROOT / "trl-venv/bin/python"))
     p.add_argument("--tunix-python", default=str(PEER_ROOT / "tunix-venv/bin/python"))
@@ -566,6 +575,7 @@ def main() -> None:
                         args,
                         ckpt=ckpt,
                         chunk_logits=chunk,
+                        decode_layout=args.decode_layout,
                         **extra,
                     )
                 print(f"  [{size} {name}: {time.perf_counter() - t0:.0f} s]", flush=True)
