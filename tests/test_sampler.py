@@ -790,6 +790,9 @@ def test_first_argmax_is_argmax():
 def test_sampling_options_do_not_recompile(params, rollout_f32, layout):
     """temperature / top_k / top_p are runtime values; max_new_tokens is a shape (recompiles).
     Along the way: top_k=1 is greedy decoding, and top-k / top-p draws stay in the support."""
+    # compiled here, under this test's jax config (the module's fixtures are set up outside
+    # conftest's per-test rank-promotion context, a different jit cache key)
+    sampler.generate(params, CONFIG, PROMPTS, KEY, max_new_tokens=T, layout=layout)
     compiled = sampler._generate._cache_size()
     for temperature, top_k, top_p in [
         (0.7, None, None),
