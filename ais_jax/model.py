@@ -169,7 +169,8 @@ def attention(
     (no per-step transpose of the cache). The result and the probabilities are rounded to
     ``q``'s dtype (the compute dtype). Each dot takes the wider of that dtype and its cache
     operand's, with float32 accumulation: a float32 value cache holding bfloat16 values (the
-    sampler's on CPU) gives the same products, summed in another order.
+    sampler's on CPU) gives the same products, summed in another order. One query position (a
+    decode step) runs `_attention_one_query`, the same sums in einsums without the unit axis.
     """
     dtype = q_BQHE.dtype
     key_dtype = jnp.promote_types(dtype, k_BKSE.dtype)

@@ -151,8 +151,8 @@ def test_kv_cache_decode_matches_full_forward(config):
 def test_one_query_attention_is_the_general_attention(B, K, R, E, S):
     """A decode step's attention (Q = 1, its own einsums) equals the general path's (any Q) and
     float64 softmax attention: float32 to rounding; with the sampler's operands (bfloat16
-    queries and keys, a float32 value cache holding bfloat16 values) to one bfloat16 rounding
-    of the output (measured: bitwise equal)."""
+    queries and keys, a float32 value cache holding bfloat16 values) to one bfloat16 ulp of the
+    largest output, what a float32 sum in another order can flip (measured: bitwise equal)."""
     rng = np.random.default_rng(B * 100 + S)
     q = rng.normal(size=(B, 1, K * R, E)).astype(np.float32)
     k = rng.normal(size=(B, K, S, E)).astype(np.float32)
@@ -179,7 +179,7 @@ def test_one_query_attention_is_the_general_attention(B, K, R, E, S):
     one16 = jax.jit(model.attention)(q16, k16, v32, allowed)
     general16 = general(q16, k16, v32, allowed, bf16, jnp.float32)
     assert one16.dtype == bf16
-    ulp = 2.0**-8 * np.abs(np.asarray(general16, np.float32)).max()
+    ulp = 2.0**-7 * np.abs(np.asarray(general16, np.float32)).max()
     np.testing.assert_allclose(
         np.asarray(one16, np.float32), general16.astype(np.float32), atol=ulp
     )
