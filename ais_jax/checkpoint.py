@@ -130,12 +130,13 @@ class Checkpointer:
         for s in candidates:
             self._check_shapes(s, template)
             try:
-                out = self._manager.restore(
-                    s,
-                    args=ocp.args.Composite(
-                        state=ocp.args.StandardRestore(template), record=ocp.args.JsonRestore()
-                    ),
-                )
+                with _held_back_echoes():  # a damaged file fails every read that touches it
+                    out = self._manager.restore(
+                        s,
+                        args=ocp.args.Composite(
+                            state=ocp.args.StandardRestore(template), record=ocp.args.JsonRestore()
+                        ),
+                    )
             except Exception as e:  # orbax/tensorstore raise many types for damaged files
                 failures.append(
                     f"{self.directory / str(s)}: {type(e).__name__}: "
@@ -324,11 +325,11 @@ def _dropping_loop_closed(previous):
 
 @contextlib.contextmanager
 def _held_back_echoes():
-    """orbax reports one failed write from every thread that took part (absl and asyncio log
-    records with tracebacks, and tensorstore callbacks into an event loop already closed, which
-    reach `sys.unraisablehook`) before the save raises. Hold them back during the save; if it
-    succeeds, pass them on; if it fails, drop them (and their late arrivals): the error the save
-    raises says it once."""
+    """orbax reports one failed write (or read) from every thread that took part (absl and
+    asyncio log records with tracebacks, and tensorstore callbacks into an event loop already
+    closed, which reach `sys.unraisablehook`) before the save (restore) raises. Hold them back
+    during the call; if it succeeds, pass them on; if it fails, drop them (and their late
+    arrivals): the error raised says it once."""
     loggers = [logging.getLogger("absl"), logging.getLogger("asyncio")]
     hold, held_unraisable = _Hold(), []
     previous_hook = sys.unraisablehook

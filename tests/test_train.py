@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
+import logging
 import math
 import os
 import shutil
@@ -32,7 +33,7 @@ import pytest
 from training_run import MODEL, TINY_RUN
 
 from ais_jax import model
-from ais_jax.checkpoint import Checkpointer
+from ais_jax.checkpoint import Checkpointer, _DropEchoes
 from ais_jax.cli import main
 from ais_jax.config import (
     CorrectionConfig,
@@ -804,9 +805,14 @@ def test_damaged_checkpoint_is_an_error_and_fallback_uses_the_previous(
 
     checkpointer = Checkpointer(out / "checkpoints")
     template = Run(cfg, out).checkpoint_template()
+    asyncio_log = logging.getLogger("asyncio")
+    asyncio_log.filters[:] = [f for f in asyncio_log.filters if not isinstance(f, _DropEchoes)]
     with pytest.raises(CheckpointError, match=str(newest)) as err:
         checkpointer.restore(template)
     assert "--resume-fallback" in str(err.value)
+    # the failed reads' late asyncio echoes ("Task exception was never retrieved", with a
+    # traceback, once CI's worker exited) are dropped from here on, as after a failed save
+    assert any(isinstance(f, _DropEchoes) for f in asyncio_log.filters)
     step, _, record = checkpointer.restore(template, fallback=True)
     assert step == record["step"] == 2
 
