@@ -170,51 +170,36 @@ def attention(
     ``q``'s dtype (the compute dtype). Each dot takes the wider of that dtype and its cache
     operand's, with float32 accumulation: a float32 value cache holding bfloat16 values (the
     sampler's on CPU) gives the same products, summed in another order. One query position (a
-    decode step) runs `_attention_one_query`, the same sums in einsums without the unit axis.
+    decode step) runs the same sums in einsums without the unit axis (`_attention`).
     """
-    dtype = q_BQHE.dtype
-    key_dtype = jnp.promote_types(dtype, k_BKSE.dtype)
-    value_dtype = jnp.promote_types(dtype, v_BKES.dtype)
-    one_query = q_BQHE.shape[1] == 1  # a decode step
-    attend = _attention_one_query if one_query else _attention_queries
-    return attend(q_BQHE, k_BKSE, v_BKES, allowed_BQS, key_dtype, value_dtype)
+    return _attention(q_BQHE, k_BKSE, v_BKES, allowed_BQS, one_query=q_BQHE.shape[1] == 1)
 
 
-def _attention_queries(q_BQHE, k_BKSE, v_BKES, allowed_BQS, key_dtype, value_dtype):
-    """`attention` for any number Q of query positions."""
+def _attention(q_BQHE, k_BKSE, v_BKES, allowed_BQS, *, one_query: bool):
+    """`attention`; ``one_query`` (Q = 1, a decode step) writes its einsums without the unit Q
+    axis, the same products and sums. XLA:CPU's YNNPACK dots then read and write the operands
+    as they lie; with Q = 1 inside the general einsums the attention dots took about half of a
+    tiny-model decode step (batch 128: 1.56 vs 0.54 ms per layer, equal results)."""
     B, Q, H, E = q_BQHE.shape
     K = k_BKSE.shape[1]
     dtype = q_BQHE.dtype
-    q_BQKRE = q_BQHE.reshape(B, Q, K, H // K, E).astype(key_dtype)
-    scores_BKRQS = jnp.einsum(
-        "bqkre,bkse->bkrqs", q_BQKRE, k_BKSE.astype(key_dtype), preferred_element_type=F32
+    key_dtype = jnp.promote_types(dtype, k_BKSE.dtype)
+    value_dtype = jnp.promote_types(dtype, v_BKES.dtype)
+    if one_query:  # q [B, K, R, E]; scores and probs [B, K, R, S]
+        q_x = q_BQHE.reshape(B, K, H // K, E)
+        scores_spec, out_spec = "bkre,bkse->bkrs", "bkrs,bkes->bkre"
+        allowed_x = allowed_BQS[:, None]
+    else:  # q [B, Q, K, R, E]; scores and probs [B, K, R, Q, S]
+        q_x = q_BQHE.reshape(B, Q, K, H // K, E)
+        scores_spec, out_spec = "bqkre,bkse->bkrqs", "bkrqs,bkes->bqkre"
+        allowed_x = allowed_BQS[:, None, None]
+    scores = jnp.einsum(
+        scores_spec, q_x.astype(key_dtype), k_BKSE.astype(key_dtype), preferred_element_type=F32
     ) * (E**-0.5)
-    scores_BKRQS = jnp.where(allowed_BQS[:, None, None], scores_BKRQS, _MASKED)
-    probs_BKRQS = jax.nn.softmax(scores_BKRQS, axis=-1).astype(dtype).astype(value_dtype)
-    out_BQKRE = jnp.einsum(
-        "bkrqs,bkes->bqkre", probs_BKRQS, v_BKES.astype(value_dtype), preferred_element_type=F32
-    )
-    return out_BQKRE.astype(dtype).reshape(B, Q, H * E)
-
-
-def _attention_one_query(q_B1HE, k_BKSE, v_BKES, allowed_B1S, key_dtype, value_dtype):
-    """`attention` for one query position (a decode step): `_attention_queries`' products and
-    sums, written without the unit Q axis. XLA:CPU's YNNPACK dots then read and write the
-    operands as they lie; with Q = 1 inside the general einsums the attention dots took about
-    half of a tiny-model decode step (batch 128: 1.56 vs 0.54 ms per layer, equal results)."""
-    B, _, H, E = q_B1HE.shape
-    K = k_BKSE.shape[1]
-    dtype = q_B1HE.dtype
-    q_BKRE = q_B1HE.reshape(B, K, H // K, E).astype(key_dtype)
-    scores_BKRS = jnp.einsum(
-        "bkre,bkse->bkrs", q_BKRE, k_BKSE.astype(key_dtype), preferred_element_type=F32
-    ) * (E**-0.5)
-    scores_BKRS = jnp.where(allowed_B1S[:, None], scores_BKRS, _MASKED)
-    probs_BKRS = jax.nn.softmax(scores_BKRS, axis=-1).astype(dtype).astype(value_dtype)
-    out_BKRE = jnp.einsum(
-        "bkrs,bkes->bkre", probs_BKRS, v_BKES.astype(value_dtype), preferred_element_type=F32
-    )
-    return out_BKRE.astype(dtype).reshape(B, 1, H * E)
+    scores = jnp.where(allowed_x, scores, _MASKED)
+    probs = jax.nn.softmax(scores, axis=-1).astype(dtype).astype(value_dtype)
+    out = jnp.einsum(out_spec, probs, v_BKES.astype(value_dtype), preferred_element_type=F32)
+    return out.astype(dtype).reshape(B, Q, H * E)
 
 
 def _cache_layout(k_BSKE: jax.Array, v_BSKE: jax.Array) -> tuple[jax.Array, jax.Array]:

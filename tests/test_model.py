@@ -167,17 +167,15 @@ def test_one_query_attention_is_the_general_attention(B, K, R, E, S):
     reference = np.einsum("bkrs,bkes->bkre", probs, v).reshape(B, 1, K * R * E)
 
     one = jax.jit(model.attention)(q, k, v, allowed)
-    general = jax.jit(model._attention_queries, static_argnums=(4, 5))
+    general = jax.jit(lambda *a: model._attention(*a, one_query=False))
     np.testing.assert_allclose(one, reference, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(
-        one, general(q, k, v, allowed, jnp.float32, jnp.float32), rtol=1e-6, atol=1e-6
-    )
+    np.testing.assert_allclose(one, general(q, k, v, allowed), rtol=1e-6, atol=1e-6)
 
     bf16 = jnp.bfloat16
     q16, k16 = jnp.asarray(q, bf16), jnp.asarray(k, bf16)
     v32 = jnp.asarray(v, bf16).astype(jnp.float32)
     one16 = jax.jit(model.attention)(q16, k16, v32, allowed)
-    general16 = general(q16, k16, v32, allowed, bf16, jnp.float32)
+    general16 = general(q16, k16, v32, allowed)
     assert one16.dtype == bf16
     ulp = 2.0**-7 * np.abs(np.asarray(general16, np.float32)).max()
     np.testing.assert_allclose(
