@@ -54,7 +54,15 @@ import safetensors.numpy
 
 from ais_jax import checks
 from ais_jax.hf import CheckpointError, _read_tensors, _weight_files, read_json_object
-from ais_jax.model import Params, attention, dense_params, positions_from_mask, rms_norm, rope
+from ais_jax.model import (
+    Params,
+    _mlp,
+    attention,
+    dense_params,
+    positions_from_mask,
+    rms_norm,
+    rope,
+)
 from ais_jax.quant import linear
 
 
@@ -326,9 +334,7 @@ def _layer(lp: Params, c: LLaDAConfig, x_BSD, positions_BS, mask_BS, allowed_BSS
     )
     x_BSD = x_BSD + linear(out_BSD, lp["o_proj"], row_mask=mask_BS)
     h_BSD = rms_norm(x_BSD, lp["post_norm"], c.rms_norm_eps)
-    gate_BSF = linear(h_BSD, lp["gate_proj"], row_mask=mask_BS)
-    up_BSF = linear(h_BSD, lp["up_proj"], row_mask=mask_BS)
-    return x_BSD + linear(jax.nn.silu(gate_BSF) * up_BSF, lp["down_proj"], row_mask=mask_BS)
+    return x_BSD + _mlp(lp, h_BSD, mask_BS)
 
 
 def _layer_params(params: Params, i: int) -> Params:

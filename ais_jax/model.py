@@ -45,7 +45,9 @@ one in a decode step). The layer functions shared by both call their positions S
 
 from __future__ import annotations
 
+import functools
 import numbers
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -170,9 +172,13 @@ def attention(
     ``q``'s dtype (the compute dtype). Each dot takes the wider of that dtype and its cache
     operand's, with float32 accumulation: a float32 value cache holding bfloat16 values (the
     sampler's on CPU) gives the same products, summed in another order. One query position (a
-    decode step) runs the same sums in einsums without the unit axis (`_attention`).
+    decode step) runs the same sums in einsums without the unit axis (`_attention`). Under
+    autodiff the backward pass recomputes the scores and probabilities from q, k and v
+    (`recompute_in_backward`) instead of keeping them: ``[B, K, R, Q, S]`` float32 arrays, the
+    largest of a training step's activations after the logits.
     """
-    return _attention(q_BQHE, k_BKSE, v_BKES, allowed_BQS, one_query=q_BQHE.shape[1] == 1)
+    body = functools.partial(_attention, one_query=q_BQHE.shape[1] == 1)
+    return recompute_in_backward(body)(q_BQHE, k_BKSE, v_BKES, allowed_BQS)
 
 
 def _attention(q_BQHE, k_BKSE, v_BKES, allowed_BQS, *, one_query: bool):
@@ -200,6 +206,36 @@ def _attention(q_BQHE, k_BKSE, v_BKES, allowed_BQS, *, one_query: bool):
     probs = jax.nn.softmax(scores, axis=-1).astype(dtype).astype(value_dtype)
     out = jnp.einsum(out_spec, probs, v_BKES.astype(value_dtype), preferred_element_type=F32)
     return out.astype(dtype).reshape(B, Q, H * E)
+
+
+def recompute_in_backward(fn: Callable[..., jax.Array]) -> Callable[..., jax.Array]:
+    """``fn`` (positional array arguments, one array out) whose backward pass recomputes
+    ``fn``'s intermediates from its inputs instead of keeping them alive from the forward pass:
+    memory for a second run of ``fn``'s forward, which is cheap where ``fn`` is elementwise
+    work or a small share of the step (attention's softmax, the MLP's activation).
+
+    This is what `jax.checkpoint` asks for, but XLA:CPU undid it: its recomputation matched
+    the forward pass's ops exactly and was merged with them (CSE), so the values stayed alive
+    (the tiny benchmark's update temporaries went from 584 to 578 MB with the attention
+    under `jax.checkpoint`; with this, to 413). Here the recomputation's inputs depend on the
+    cotangent: each float input plus ``0 * g0``, with ``g0`` the cotangent's first element.
+    XLA may not fold that (``0 * inf`` is NaN), so the recomputation matches nothing of the
+    forward pass and cannot run before the cotangent exists. The values are ``fn``'s own (x +
+    0 is x); only a non-finite ``g0`` changes them, making the whole gradient NaN where
+    autodiff's would have been non-finite in part (and a step with a non-finite gradient is
+    skipped either way, `train.update`).
+    """
+
+    def backward(args, g):
+        zero = jnp.ravel(g)[0] * 0  # a zero XLA cannot fold: see above
+        tied = [
+            a + zero.astype(a.dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a for a in args
+        ]
+        return jax.vjp(fn, *tied)[1](g)
+
+    wrapped = jax.custom_vjp(fn)
+    wrapped.defvjp(lambda *args: (fn(*args), args), backward)
+    return wrapped
 
 
 def _cache_layout(k_BSKE: jax.Array, v_BSKE: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -234,7 +270,15 @@ def _qkv(lp: Params, c: ModelConfig, x_BSD, positions_BS, row_mask_BS):
 def _mlp(lp: Params, x_BSD, row_mask_BS):
     gate = linear(x_BSD, lp["gate_proj"], row_mask=row_mask_BS)
     up = linear(x_BSD, lp["up_proj"], row_mask=row_mask_BS)
-    return linear(jax.nn.silu(gate) * up, lp["down_proj"], row_mask=row_mask_BS)
+    return linear(swiglu(gate, up), lp["down_proj"], row_mask=row_mask_BS)
+
+
+@recompute_in_backward
+def swiglu(gate: jax.Array, up: jax.Array) -> jax.Array:
+    """``silu(gate) * up``, the MLP's activation. Its backward pass recomputes it from ``gate``
+    and ``up`` (`recompute_in_backward`): autodiff kept ``silu(gate)``, the sigmoid and a
+    float32 product alive besides them."""
+    return jax.nn.silu(gate) * up
 
 
 def _layer(lp: Params, c: ModelConfig, x_BSD, positions_BS, row_mask_BS, attend):

@@ -90,6 +90,7 @@ from ais_jax.model import (
     KVCache,
     Params,
     _cache_layout,
+    _mlp,
     _write_slots,
     attention,
     head_logits,
@@ -526,12 +527,6 @@ def gated_rms_norm(o: jax.Array, z: jax.Array, weight: jax.Array, eps: float) ->
     o32 = o.astype(F32)
     o32 = o32 * jax.lax.rsqrt(jnp.mean(o32 * o32, axis=-1, keepdims=True) + eps)
     return o32 * jnp.broadcast_to(weight.astype(F32), o.shape) * jax.nn.silu(z.astype(F32))
-
-
-def _mlp(lp: Params, x_BSD, row_mask_BS):
-    gate = linear(x_BSD, lp["gate_proj"], row_mask=row_mask_BS)
-    up = linear(x_BSD, lp["up_proj"], row_mask=row_mask_BS)
-    return linear(jax.nn.silu(gate) * up, lp["down_proj"], row_mask=row_mask_BS)
 
 
 def _partial_rope(x_BSHE: jax.Array, positions_BS: jax.Array, c: Qwen35Config) -> jax.Array:

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ais_jax import data, evaluation, grpo, train
+from ais_jax import data, evaluation, grpo, heap, train
 from ais_jax import sharding as shd
 from ais_jax.checkpoint import Checkpointer, from_record, to_record
 from ais_jax.config import TrainConfig
@@ -65,6 +65,7 @@ class Run:
     def __init__(self, cfg: TrainConfig, out: str | Path):
         self.cfg = cfg
         self.out = Path(out)
+        heap.release_after_compiles()  # the compiler's freed heap back to the system
         self.hosts, self.host = jax.process_count(), jax.process_index()
         sizes = {"rollout.prompts_per_step": cfg.rollout.prompts_per_step}
         sizes |= {"sft.batch_size": cfg.sft.batch_size, "evaluation batch": EVAL_BATCH}

@@ -103,13 +103,14 @@ def worker_ais_jax(a) -> dict:
     import jax.numpy as jnp
     import numpy as np
 
-    from ais_jax import grpo, sampler, train
+    from ais_jax import grpo, heap, sampler, train
     from ais_jax.config import CorrectionConfig, OptimConfig, RolloutConfig, TrainConfig
     from ais_jax.hf import load_hf
     from ais_jax.sharding import make_mesh
 
     if a.chunk_logits:  # lever study: the LM-head chunk of `token_logprobs`
         sampler.token_logprobs.__kwdefaults__["chunk_logits"] = a.chunk_logits
+    heap.release_after_compiles()  # as `Run` does
     config, params = load_hf(a.ckpt, dtype=jnp.float32)
     rollout = RolloutConfig(
         format="bf16" if a.engine == "ais_jax-bf16" else "float8_e4m3fn",

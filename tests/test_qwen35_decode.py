@@ -171,11 +171,14 @@ def test_fp8_rollout_quantizes_every_projection(params, monkeypatch):
         calls.append(isinstance(w, QArray))
         return linear(x, w, **kwargs)
 
-    monkeypatch.setattr(qwen35, "linear", recording)
+    for module in (qwen35, model):  # the MLP is model.py's
+        monkeypatch.setattr(module, "linear", recording)
     cache = model.init_cache(CONFIG, 2, 4, jnp.bfloat16)
     step = lambda t, c: model.forward_cached(q, CONFIG, t, c)  # noqa: E731
     jax.eval_shape(step, jnp.zeros((2, 1), jnp.int32), cache)
-    assert len(calls) == 7 * 1 + 8 * 2 and all(calls), calls
+    *projections, head = calls
+    assert len(projections) == 7 * 1 + 8 * 2 and all(projections), calls
+    assert not head  # the LM head (model.py's) stays bfloat16
     monkeypatch.undo()
 
     eos = (3, 17, 40, 51)
