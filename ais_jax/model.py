@@ -209,29 +209,27 @@ def _attention(q_BQHE, k_BKSE, v_BKES, allowed_BQS, *, one_query: bool):
 
 
 def recompute_in_backward(fn: Callable[..., jax.Array]) -> Callable[..., jax.Array]:
-    """``fn`` (positional array arguments, one array out) whose backward pass recomputes
+    """``fn(x, *rest)`` (array arguments, one array out) whose backward pass recomputes
     ``fn``'s intermediates from its inputs instead of keeping them alive from the forward pass:
     memory for a second run of ``fn``'s forward, which is cheap where ``fn`` is elementwise
-    work or a small share of the step (attention's softmax, the MLP's activation).
+    work or a small share of the step (attention's softmax, the MLP's activation). ``x`` holds
+    as many elements as the output, and every intermediate depends on it (attention's queries,
+    SwiGLU's gate).
 
     This is what `jax.checkpoint` asks for, but XLA:CPU undid it: its recomputation matched
     the forward pass's ops exactly and was merged with them (CSE), so the values stayed alive
-    (the tiny benchmark's update temporaries went from 584 to 578 MB with the attention
-    under `jax.checkpoint`; with this, to 413). Here the recomputation's inputs depend on the
-    cotangent: each float input plus ``0 * g0``, with ``g0`` the cotangent's first element.
-    XLA may not fold that (``0 * inf`` is NaN), so the recomputation matches nothing of the
-    forward pass and cannot run before the cotangent exists. The values are ``fn``'s own (x +
-    0 is x); only a non-finite ``g0`` changes them, making the whole gradient NaN where
-    autodiff's would have been non-finite in part (and a step with a non-finite gradient is
-    skipped either way, `train.update`).
+    (the tiny benchmark's update temporaries: 584 MB, 578 with the attention under
+    `jax.checkpoint`, 379 with the attention and SwiGLU under this). Here the recomputation runs on ``x + 0 * g``,
+    ``g`` the cotangent laid out as ``x``: XLA may not fold it (``0 * inf`` is NaN), so the
+    recomputation matches nothing of the forward pass and cannot run before the cotangent
+    exists; elementwise, it is sharded as ``x`` and ``g`` are and needs no communication. The
+    values are ``fn``'s own (x + 0 is x) wherever ``g`` is finite.
     """
 
     def backward(args, g):
-        zero = jnp.ravel(g)[0] * 0  # a zero XLA cannot fold: see above
-        tied = [
-            a + zero.astype(a.dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a for a in args
-        ]
-        return jax.vjp(fn, *tied)[1](g)
+        x, *rest = args
+        tied = x + (g.reshape(x.shape) * 0).astype(x.dtype)  # a zero XLA cannot fold
+        return jax.vjp(fn, tied, *rest)[1](g)
 
     wrapped = jax.custom_vjp(fn)
     wrapped.defvjp(lambda *args: (fn(*args), args), backward)
