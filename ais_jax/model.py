@@ -219,11 +219,12 @@ def recompute_in_backward(fn: Callable[..., jax.Array]) -> Callable[..., jax.Arr
     This is what `jax.checkpoint` asks for, but XLA:CPU undid it: its recomputation matched
     the forward pass's ops exactly and was merged with them (CSE), so the values stayed alive
     (the tiny benchmark's update temporaries: 584 MB, 578 with the attention under
-    `jax.checkpoint`, 379 with the attention and SwiGLU under this). Here the recomputation runs on ``x + 0 * g``,
-    ``g`` the cotangent laid out as ``x``: XLA may not fold it (``0 * inf`` is NaN), so the
-    recomputation matches nothing of the forward pass and cannot run before the cotangent
-    exists; elementwise, it is sharded as ``x`` and ``g`` are and needs no communication. The
-    values are ``fn``'s own (x + 0 is x) wherever ``g`` is finite.
+    `jax.checkpoint`, 379 with the attention and SwiGLU under this). Here the recomputation
+    runs on ``x + 0 * g``, ``g`` the cotangent laid out as ``x``: XLA may not fold it
+    (``0 * inf`` is NaN), so the recomputation matches nothing of the forward pass and cannot
+    run before the cotangent exists; elementwise, it is sharded as ``x`` and ``g`` are and
+    needs no communication. The values are ``fn``'s own (x + 0 is x) wherever ``g`` is
+    finite.
     """
 
     def backward(args, g):
