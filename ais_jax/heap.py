@@ -3,9 +3,10 @@
 XLA:CPU compiles each program with LLVM, whose allocations are freed when the compile ends,
 but glibc keeps freed heap pages for reuse: they stay in the process's resident memory. On the
 tiny benchmark model they were most of what a GRPO step held beyond its model and buffers:
-resident memory rose 0.30 GiB over the rollout's first call and 0.38 GiB over the update's
-compile, of which ``malloc_trim`` returned 0.22 and 0.38 GiB, and the step's peak fell from
-1.45 to 1.09 GiB (`benchmarks/README.md`).
+resident memory rose 0.31 GiB over the rollout's first call and 0.46 GiB over the update's
+compile, of which ``malloc_trim`` returned 0.22 and 0.38 GiB, and the peak over four steps
+fell from 1.45 to 1.09 GiB (from 1.29 to 0.94 GiB once `model.recompute_in_backward` had cut
+the update's temporaries; `benchmarks/README.md`).
 
 `release_after_compiles` asks glibc to return its free pages after every compile of at least
 `MIN_COMPILE_S`; `Run` installs it. Elsewhere (macOS, musl) it does nothing.
