@@ -238,9 +238,9 @@ def test_recomputing_backward_keeps_gradients_and_frees_memory(dtype, monkeypatc
 
 
 def test_recompute_in_backward_is_the_function_and_its_vjp():
-    """Values, and the vector-Jacobian products of every float input against float64 finite
-    differences, for a function with an integer argument and a bfloat16 cotangent; a bool
-    argument gets a float0 cotangent."""
+    """Values, and the vector-Jacobian products of every float input: equal to plain
+    autodiff's and to their float64 formulas, for a function with an integer argument and a
+    bfloat16 cotangent; integer and bool arguments get float0 cotangents."""
 
     def fn(x, y, n):
         return (jnp.sin(x) * y + n).astype(jnp.bfloat16)
