@@ -26,14 +26,22 @@ How the loop stores what it reads at every step is a static, named choice, `Deco
 distribution: every layout holds the same numbers (a dot may sum them in another order).
 
 - ``"in_out_f32_values"``: unquantized matmul weights (and the LM head) transposed once to
-  ``[in, out]`` (`quant.InOut`), 16-bit value caches stored as float32. XLA:CPU's few-row
-  matmuls read ``[in, out]`` up to 2x faster, and its float32 batched dots and cache-slot
-  writes beat bfloat16 ones (benchmarks/README.md). The default on CPU.
+  ``[in, out]`` (`quant.InOut`), 16-bit value caches stored as float32. On CPU a float32
+  model's few-row matmuls are fastest this way, with XLA's Eigen dots (`compiler_options`).
+  The default on CPU for float32 models.
 - ``"out_in"``: weights in the model's ``[out, in]`` layout (that of the FP8 GEMM and of
-  cuBLAS / TPU matmuls), the value cache in the compute dtype. The default on GPU and TPU.
+  cuBLAS / TPU matmuls), the value cache in the compute dtype. The default on GPU and TPU, and
+  on CPU for 16-bit and FP8 models (XLA:CPU's bfloat16 few-row matmuls read ``[out, in]``
+  fastest).
 
-``layout="auto"`` (the default) is resolved by `default_layout` from `jax.default_backend()` in
-Python, before anything is traced; both layouts run in the CPU test suite.
+``layout="auto"`` (the default) is resolved by `default_layout` from `jax.default_backend()`
+and the model's compute dtype in Python, before anything is traced; both layouts run in the
+CPU test suite.
+
+On CPU the program compiles with `compiler_options`: without XLA's while-loop invariant code
+motion, which hoisted a transposed copy of every ``[out, in]`` weight (and a float32 copy of the
+embedding table) out of the decode loop, so that each step's few-row matmuls read the slow
+layout (a Qwen3-0.6B-shaped bf16 batch-8 decode took 1.6x as long; benchmarks/README.md).
 
 Which log-prob goes into the importance ratio
 ---------------------------------------------
@@ -57,7 +65,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import numbers
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -269,25 +277,73 @@ DECODE_LAYOUTS: dict[str, DecodeLayout] = {
 }
 
 
-def default_layout(backend: str | None = None) -> str:
-    """The name of the layout ``"auto"`` picks for ``backend`` (default: `jax.default_backend()`):
-    ``"in_out_f32_values"`` on CPU, ``"out_in"`` on GPU and TPU."""
+def default_layout(backend: str | None = None, dtype=jnp.bfloat16) -> str:
+    """The name of the layout ``"auto"`` picks for a model computing in ``dtype`` on ``backend``
+    (default: `jax.default_backend()`): ``"in_out_f32_values"`` for float32 models on CPU,
+    else ``"out_in"``."""
     backend = jax.default_backend() if backend is None else backend
-    return "in_out_f32_values" if backend == "cpu" else "out_in"
+    if backend == "cpu" and jnp.dtype(dtype) == jnp.float32:
+        return "in_out_f32_values"
+    return "out_in"
 
 
-def resolve_layout(layout: str | DecodeLayout = "auto") -> DecodeLayout:
-    """A `DecodeLayout` from a name of `DECODE_LAYOUTS`, ``"auto"`` (`default_layout`), or a
-    `DecodeLayout` itself. Plain Python: call it before tracing, never on traced values."""
+def resolve_layout(layout: str | DecodeLayout = "auto", dtype=jnp.bfloat16) -> DecodeLayout:
+    """A `DecodeLayout` from a name of `DECODE_LAYOUTS`, ``"auto"`` (`default_layout` for a
+    model computing in ``dtype``), or a `DecodeLayout` itself. Plain Python: call it before
+    tracing, never on traced values."""
     if isinstance(layout, DecodeLayout):
         return layout
-    name = default_layout() if isinstance(layout, str) and layout == "auto" else layout
+    name = default_layout(dtype=dtype) if isinstance(layout, str) and layout == "auto" else layout
     if not isinstance(name, str) or name not in DECODE_LAYOUTS:
         raise ValueError(
             f"Unknown decode layout {layout!r}; valid layouts: {['auto', *DECODE_LAYOUTS]} "
             f"(or a sampler.DecodeLayout)."
         )
     return DECODE_LAYOUTS[name]
+
+
+# XLA:CPU options of the decode program (`compiler_options`).
+_NO_LOOP_HOISTING = {"xla_disable_hlo_passes": "while-loop-invariant-code-motion"}
+_EIGEN_DOTS = {"xla_cpu_experimental_ynn_fusion_type": ""}  # dots to Eigen, not YNNPACK
+
+
+def compiler_options(
+    layout: str | DecodeLayout, dtype, backend: str | None = None
+) -> dict[str, str]:
+    """The XLA options the decode program of a model computing in ``dtype`` compiles with under
+    ``layout`` on ``backend`` (default: `jax.default_backend()`); none off CPU. A caller that
+    jits `generate` inside its own program passes them to its `jax.jit` (the outer program's
+    options are the ones XLA uses).
+
+    On CPU (measured on the Qwen3-0.6B shape at batch 8, benchmarks/README.md):
+
+    - XLA's while-loop invariant code motion is off. It hoisted a transposed copy of every
+      ``[out, in]`` weight and a float32 copy of the embedding table out of the decode loop:
+      1.6x slower steps in bfloat16 (the few-row matmuls then read ``[in, out]``), and the
+      copies' memory on top of the weights.
+    - A float32 model under an ``in_out_weights`` layout runs its dots with Eigen rather than
+      YNNPACK (about 1.3x faster decode). Its bfloat16 dots are several times slower than
+      YNNPACK's, so 16-bit models keep YNNPACK. Skipped where the jaxlib lacks the option.
+    """
+    backend = jax.default_backend() if backend is None else backend
+    if backend != "cpu":
+        return {}
+    options = dict(_NO_LOOP_HOISTING)
+    eigen = resolve_layout(layout, dtype).in_out_weights and jnp.dtype(dtype) == jnp.float32
+    if eigen and _cpu_option_exists(*next(iter(_EIGEN_DOTS.items()))):
+        options.update(_EIGEN_DOTS)
+    return options
+
+
+@functools.cache
+def _cpu_option_exists(name: str, value: str) -> bool:
+    """Whether this jaxlib's XLA accepts the debug option ``name`` (experimental flags come
+    and go between releases): one compile of a scalar program."""
+    try:
+        jax.jit(jnp.negative).lower(np.float32(1)).compile(compiler_options={name: value})
+    except jax.errors.JaxRuntimeError:  # INVALID_ARGUMENT: No such compile option
+        return False
+    return True
 
 
 def decode_params(
@@ -307,7 +363,7 @@ def decode_params(
     `quantize_fp8` is, saves that re-layout (a copy of the weights) on every later `generate`
     call with the same weights and layout. It keeps one copy of the transposed weights alive.
     """
-    in_out = resolve_layout(layout).in_out_weights
+    in_out = resolve_layout(layout, params["embed"].dtype).in_out_weights
     params = unstack_layers(params, config)
     layers = [
         {name: _relayout(w, in_out) if name in PROJECTIONS else w for name, w in layer.items()}
@@ -335,7 +391,7 @@ def value_cache_dtype(dtype, layout: str | DecodeLayout = "auto") -> jnp.dtype:
     stay in ``dtype``, which keeps the scores' dot the trainer's (a float32 one sums in another
     order and moved the BF16 rollout off the trainer's log-probs)."""
     dtype = jnp.dtype(dtype)
-    if resolve_layout(layout).float32_values and dtype.itemsize < 4:
+    if resolve_layout(layout, dtype).float32_values and dtype.itemsize < 4:
         return jnp.dtype(jnp.float32)
     return dtype
 
@@ -365,10 +421,6 @@ class DecodeState:
     logp_plain_BT: jax.Array
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=("config", "max_new_tokens", "eos_ids", "pad_id", "layout", "prompt_group"),
-)
 def _generate(
     params,
     config,
@@ -387,8 +439,7 @@ def _generate(
 ):
     B, P = prompt_BP.shape
     T, G = max_new_tokens, prompt_group
-    layout = resolve_layout(layout)  # `generate` passes it resolved
-    params = decode_params(params, layout, config)
+    params = decode_params(params, layout, config)  # `generate` passes the layout resolved
     dtype = params["embed"].dtype
     # the prefill: each distinct prompt once (the first row of its group), then every row's copy
     cache = init_cache(config, B // G, P + T, dtype, value_dtype=value_cache_dtype(dtype, layout))
@@ -453,6 +504,23 @@ def _generate(
     )
 
 
+_STATIC = ("config", "max_new_tokens", "eos_ids", "pad_id", "layout", "prompt_group")
+
+
+def _generate_jit(layout: DecodeLayout, dtype, traced: bool = False) -> Callable:
+    """`_generate` jitted with the `compiler_options` of ``layout`` and ``dtype`` on the
+    default backend (one jitted function, and so one compile cache, per set of options); with
+    none when ``traced`` (inside another transform's trace, where only the outermost `jax.jit`
+    may carry options)."""
+    options = {} if traced else compiler_options(layout, dtype)
+    return _jit_with(tuple(sorted(options.items())))
+
+
+@functools.cache
+def _jit_with(options: tuple[tuple[str, str], ...]) -> Callable:
+    return jax.jit(_generate, static_argnames=_STATIC, compiler_options=dict(options) or None)
+
+
 def generate(
     params: Params,
     config: ModelConfig | Qwen35Config,
@@ -474,8 +542,10 @@ def generate(
     ``prompts`` is a list of token-id lists (left-padded here) or a ``[B, P]`` array with its
     ``prompt_mask``. Deterministic for a given ``key``. Changing ``temperature``, ``top_k`` or
     ``top_p`` between calls reuses the compiled program. ``layout`` is the decode loop's
-    `DecodeLayout` (a name of `DECODE_LAYOUTS`, or ``"auto"``: the backend's, `default_layout`);
-    it changes the speed, not the distribution, and each layout compiles its own program.
+    `DecodeLayout` (a name of `DECODE_LAYOUTS`, or ``"auto"``: `default_layout` for the backend
+    and the params' compute dtype); it changes the speed, not the distribution, and each layout
+    compiles its own program (with `compiler_options`; jitting `generate` inside your own
+    program, pass them to your `jax.jit`).
     ``prompt_group`` G > 1 says the rows come in groups of G consecutive rows with the same
     prompt (GRPO's G samples of a prompt: ``np.repeat(prompts, G, axis=0)``): the prefill then
     runs each prompt once and copies its cache to the group, with the same result (an FP8
@@ -487,7 +557,8 @@ def generate(
     if not isinstance(max_new_tokens, int | np.integer) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}.")
     _check_sampling(temperature, top_k, top_p, config.vocab_size)
-    layout = resolve_layout(layout)
+    dtype = params["embed"].dtype
+    layout = resolve_layout(layout, dtype)
     if prompt_mask is None:
         if isinstance(prompts, jax.Array | np.ndarray):
             prompt_mask = np.ones(prompts.shape, bool)
@@ -505,7 +576,8 @@ def generate(
             f"Prompt length {prompts.shape[1]} + max_new_tokens {max_new_tokens} exceeds the "
             f"model's context (max_position_embeddings={config.max_position_embeddings})."
         )
-    return _generate(
+    traced = any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((params, prompts, key)))
+    return _generate_jit(layout, dtype, traced)(
         params,
         config,
         prompts,

@@ -436,18 +436,22 @@ def make_phases(
     dtype = compute_dtype or COMPUTE_DTYPE
     r = cfg.rollout
     bf16 = RolloutConfig(format="bf16")
-    decode = dict(
-        max_new_tokens=r.max_new_tokens,
-        eos_ids=tuple(eos_ids),
-        pad_id=pad_id,
-        layout=sampler.resolve_layout(r.decode_layout),
-    )
+    decode = dict(max_new_tokens=r.max_new_tokens, eos_ids=tuple(eos_ids), pad_id=pad_id)
+
+    def layout(weights: RolloutConfig) -> sampler.DecodeLayout:
+        """``decode_layout``, "auto" resolved for the copy's compute dtype (so the phases are
+        memoised on the layout itself)."""
+        copy_dtype = _rollout_copy(config, weights, dtype)["embed"].dtype
+        return sampler.resolve_layout(r.decode_layout, copy_dtype)
+
     return Phases(
         init=_init_phase(mesh, config, cfg.optim, cfg.steps),
         sync=_sync_phase(mesh, config, rollout_weights(r), dtype),
-        generate=_generate_phase(mesh, config, rollout_weights(r), dtype, **decode),
+        generate=_generate_phase(
+            mesh, config, rollout_weights(r), dtype, **decode, layout=layout(rollout_weights(r))
+        ),
         sync_bf16=_sync_phase(mesh, config, bf16, dtype),
-        generate_bf16=_generate_phase(mesh, config, bf16, dtype, **decode),
+        generate_bf16=_generate_phase(mesh, config, bf16, dtype, **decode, layout=layout(bf16)),
         score=_score_phase(mesh, config, dtype),
         update=_update_phase(
             mesh, config, cfg.optim, cfg.steps, cfg.loss, cfg.correction, r.temperature, dtype
@@ -465,6 +469,13 @@ def rollout_weights(r: RolloutConfig) -> RolloutConfig:
 
 def _master(config: ModelConfig | Qwen35Config) -> Params:
     return param_shapes(config, jnp.float32)
+
+
+def _rollout_copy(config: ModelConfig | Qwen35Config, rollout: RolloutConfig, dtype) -> Params:
+    """The shapes and dtypes of `sync_rollout_params`'s copy."""
+    return jax.eval_shape(
+        functools.partial(sync_rollout_params, cfg=rollout, dtype=dtype), _master(config)
+    )
 
 
 @functools.lru_cache(maxsize=PHASE_MEMO)
@@ -488,7 +499,7 @@ def _sync_phase(
     """Quantize (or cast) in the training layout, then let ``out_shardings`` gather the copy
     into the rollout layout (1-byte codes travel, not float32 weights), on device."""
     sync = functools.partial(sync_rollout_params, cfg=rollout, dtype=dtype)
-    copy = jax.eval_shape(sync, _master(config))
+    copy = _rollout_copy(config, rollout, dtype)
     in_train = shd.param_shardings(copy, mesh, shd.TRAIN)
 
     def synced(params):
@@ -513,12 +524,11 @@ def _generate_phase(
     pad_id,
     layout: sampler.DecodeLayout,
 ) -> Callable:
-    """`sampler.generate` with the rollout copy in the ROLLOUT layout and rows over data x fsdp.
-    Random draws do not depend on the mesh (threefry is partitionable), so a key gives the same
-    tokens on any mesh; the KV cache, made inside, is sharded like its inputs by propagation."""
-    copy = jax.eval_shape(
-        functools.partial(sync_rollout_params, cfg=rollout, dtype=dtype), _master(config)
-    )
+    """`sampler.generate` with the rollout copy in the ROLLOUT layout and rows over data x fsdp,
+    compiled with the sampler's `sampler.compiler_options`. Random draws do not depend on the
+    mesh (threefry is partitionable), so a key gives the same tokens on any mesh; the KV cache,
+    made inside, is sharded like its inputs by propagation."""
+    copy = _rollout_copy(config, rollout, dtype)
 
     def rollout_fn(params, prompts, prompt_mask, key, temperature, top_k, top_p, prompt_group=1):
         return sampler.generate(
@@ -543,6 +553,7 @@ def _generate_phase(
         in_shardings=(shd.param_shardings(copy, mesh, shd.ROLLOUT), rows, rows, rep, rep, rep, rep),
         out_shardings=rows,
         static_argnums=7,  # prompt_group, given by position
+        compiler_options=sampler.compiler_options(layout, copy["embed"].dtype) or None,
     )
 
 

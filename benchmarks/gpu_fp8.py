@@ -26,7 +26,7 @@ import numpy as np
 from ais_jax.model import init_params
 from ais_jax.model_config import ModelConfig
 from ais_jax.quant import linear, quantize_fp8, quantize_weight, tree_bytes
-from ais_jax.sampler import _generate, generate
+from ais_jax.sampler import _generate_jit, generate, resolve_layout
 
 TRITON_FP8 = re.compile(r"__triton_gemm[^\n]*f8e4m3fn|f8e4m3fn[^\n]*__triton_gemm")
 
@@ -98,7 +98,8 @@ def main() -> None:
     for name, config in shapes.items():
         bf16 = init_params(config, jax.random.key(0), jnp.bfloat16)
         fp8 = quantize_fp8(bf16)
-        lowered = _generate.lower(
+        layout = resolve_layout("auto", fp8["embed"].dtype)
+        lowered = _generate_jit(layout, fp8["embed"].dtype).lower(
             fp8,
             config,
             jnp.zeros((64, args.prompt), jnp.int32),
@@ -110,6 +111,7 @@ def main() -> None:
             max_new_tokens=args.new,
             eos_ids=(),
             pad_id=0,
+            layout=layout,
         )
         decode_gemm = gemm_kind(lowered.compile().as_text())
         for batch in (64,) if args.quick else (64, 256):

@@ -730,7 +730,8 @@ def test_a_group_of_rows_with_one_prompt_is_prefilled_once(params, layout, kind)
         args = (p, CONFIG, jnp.asarray(prompts), jnp.asarray(prompt_mask), KEY)
         args += (jnp.float32(1), jnp.int32(V), jnp.float32(1))
         static = dict(max_new_tokens=T, eos_ids=EOS_IDS, pad_id=0, prompt_group=group)
-        compiled = sampler._generate.lower(*args, layout=sampler.resolve_layout(layout), **static)
+        L = sampler.resolve_layout(layout)
+        compiled = sampler._generate_jit(L, p["embed"].dtype).lower(*args, layout=L, **static)
         return compiled.compile().cost_analysis()["flops"]
 
     assert flops(G) < flops(1)
@@ -793,7 +794,8 @@ def test_sampling_options_do_not_recompile(params, rollout_f32, layout):
     # compiled here, under this test's jax config (the module's fixtures are set up outside
     # conftest's per-test rank-promotion context, a different jit cache key)
     sampler.generate(params, CONFIG, PROMPTS, KEY, max_new_tokens=T, layout=layout)
-    compiled = sampler._generate._cache_size()
+    jitted = sampler._generate_jit(sampler.resolve_layout(layout), params["embed"].dtype)
+    compiled = jitted._cache_size()
     for temperature, top_k, top_p in [
         (0.7, None, None),
         (1.3, 5, None),
@@ -826,9 +828,9 @@ def test_sampling_options_do_not_recompile(params, rollout_f32, layout):
             np.testing.assert_allclose(
                 r.logp_plain, logp_of(logits, r.tokens, temperature), atol=1e-5, rtol=0
             )
-    assert sampler._generate._cache_size() == compiled
+    assert jitted._cache_size() == compiled
     sampler.generate(params, CONFIG, PROMPTS, KEY, max_new_tokens=T + 1, layout=layout)
-    assert sampler._generate._cache_size() == compiled + 1
+    assert jitted._cache_size() == compiled + 1
 
 
 # ---- argument checking -------------------------------------------------------------------------
@@ -873,19 +875,72 @@ def test_bad_arguments_raise_naming_the_value(params, kwargs, named):
 # ---- decode layouts --------------------------------------------------------------------------
 
 
-def test_layouts_are_named_and_auto_is_the_backend_default():
+def test_layouts_are_named_and_auto_is_the_backend_and_dtype_default():
     assert set(sampler.DECODE_LAYOUTS) == {"in_out_f32_values", "out_in"}
     for name, layout in sampler.DECODE_LAYOUTS.items():
         assert layout.name == name and sampler.resolve_layout(name) is layout
         assert sampler.resolve_layout(layout) is layout
-    assert sampler.default_layout("cpu") == "in_out_f32_values"
-    assert sampler.default_layout("gpu") == sampler.default_layout("tpu") == "out_in"
-    auto = sampler.resolve_layout("auto")
-    assert auto is sampler.DECODE_LAYOUTS[sampler.default_layout(jax.default_backend())]
+    assert sampler.default_layout("cpu", jnp.float32) == "in_out_f32_values"
+    for dtype in (jnp.bfloat16, jnp.float16, jnp.float8_e4m3fn):
+        assert sampler.default_layout("cpu", dtype) == "out_in"
+    assert sampler.default_layout("cpu") == "out_in"  # the library's compute dtype, bfloat16
+    for backend in ("gpu", "tpu"):
+        for dtype in (jnp.float32, jnp.bfloat16):
+            assert sampler.default_layout(backend, dtype) == "out_in"
+    for dtype in (jnp.float32, jnp.bfloat16):
+        auto = sampler.resolve_layout("auto", dtype)
+        assert auto is sampler.DECODE_LAYOUTS[sampler.default_layout(jax.default_backend(), dtype)]
     for bad in ("cpu", "", "OUT_IN", None, 3, ("out_in",)):
         with pytest.raises(ValueError, match=re.escape(repr(bad))) as error:
             sampler.resolve_layout(bad)
         assert "['auto', 'in_out_f32_values', 'out_in']" in str(error.value)
+
+
+def test_compiler_options_on_cpu_only_with_eigen_dots_for_float32_in_out():
+    """No loop hoisting on CPU; Eigen dots only for a float32 model under ``in_out_weights``
+    (jaxlib 0.10.2, pinned, has the option); nothing on other backends."""
+    no_hoisting = {"xla_disable_hlo_passes": "while-loop-invariant-code-motion"}
+    eigen = {"xla_cpu_experimental_ynn_fusion_type": ""}
+    for layout in sampler.DECODE_LAYOUTS:
+        for dtype in (jnp.float32, jnp.bfloat16):
+            for backend in ("gpu", "tpu"):
+                assert sampler.compiler_options(layout, dtype, backend) == {}
+            in_out = sampler.DECODE_LAYOUTS[layout].in_out_weights
+            want = {**no_hoisting, **eigen} if in_out and dtype == jnp.float32 else no_hoisting
+            assert sampler.compiler_options(layout, dtype, "cpu") == want, (layout, dtype)
+    assert not sampler._cpu_option_exists("xla_no_such_option_anywhere", "")
+
+
+@pytest.mark.parametrize("kind", ["float32", "bfloat16"])
+def test_decode_loop_reads_the_weights_as_prepared(params, layout, kind):
+    """The compiled decode loop carries the prepared weights themselves: no transposed or
+    converted copy made before the loop (XLA's loop-invariant code motion hoisted a transpose
+    of each ``[out, in]`` weight the loop's dots then read, and a float32 embedding table, until
+    `compiler_options` turned it off). Checked on the loop's carried tuple in the compiled HLO:
+    its 2-D arrays of the compute dtype are exactly the params' matmul weights, and no float32
+    [V, D] table rides along (a float32 model's own table aside)."""
+    L = sampler.resolve_layout(layout)
+    p = cast_params(params, jnp.dtype(kind))
+    prepared = sampler.decode_params(p, L, CONFIG)
+    dtype = jnp.dtype(kind)
+    prompts, prompt_mask = sampler.pad_prompts(PROMPTS)
+    args = (prepared, CONFIG, jnp.asarray(prompts), jnp.asarray(prompt_mask), KEY)
+    args += (jnp.float32(1), jnp.int32(V), jnp.float32(1))
+    static = dict(max_new_tokens=T, eos_ids=EOS_IDS, pad_id=0, prompt_group=1, layout=L)
+    hlo = sampler._generate_jit(L, dtype).lower(*args, **static).compile().as_text()
+    carries = [line.split(" while(")[0] for line in hlo.splitlines() if " while(" in line]
+    loop = max(carries, key=len)  # the decode loop's (the others are the draw's small loops)
+    name = {"float32": "f32", "bfloat16": "bf16"}[kind]
+    found = re.findall(rf"\b{name}\[(\d+),(\d+)\]", loop)
+    carried = sorted(shape for shape in found if shape[0] != str(len(PROMPTS)))  # not [B, T]
+    weights = [
+        w.w_IO if isinstance(w, InOut) else w
+        for w in jax.tree.leaves(prepared, is_leaf=lambda x: isinstance(x, InOut))
+    ]
+    want = sorted((str(a), str(b)) for w in weights if w.ndim == 2 for a, b in [w.shape])
+    assert carried == want, (layout, kind)
+    if kind != "float32":
+        assert f"f32[{V},{CONFIG.hidden_size}]" not in loop
 
 
 def _while_carries(jaxpr) -> list[list]:

@@ -262,7 +262,8 @@ SMALL = dataclasses.replace(MODEL, num_layers=1, num_heads=2, num_kv_heads=1)
 def test_generate_phase_decodes_in_the_configured_layout(layout):
     """``rollout.decode_layout`` reaches the sampler: the phase's rollout equals
     `sampler.generate` called directly with that layout on the same FP8 copy, token for token;
-    "auto" is resolved before the phases are memoised (same callables as the backend default)."""
+    "auto" is resolved before the phases are memoised (same callables as the default for the
+    backend and the copy's compute dtype)."""
     from ais_jax import sampler, train
 
     rollout = RolloutConfig(
@@ -290,7 +291,7 @@ def test_generate_phase_decodes_in_the_configured_layout(layout):
     np.testing.assert_array_equal(got.tokens, want.tokens)
     np.testing.assert_array_equal(got.logp, want.logp)
     auto = dataclasses.replace(cfg, rollout=dataclasses.replace(rollout, decode_layout="auto"))
-    same = sampler.default_layout() == layout
+    same = sampler.default_layout(dtype=copy["embed"].dtype) == layout
     assert (train.make_phases(mesh, auto, SMALL, eos_ids=(2,)).generate is phases.generate) == same
 
 
