@@ -239,7 +239,7 @@ class RolloutConfig:
     top_k: int | None = None
     top_p: float | None = None
     # How decode holds the weights and the value cache (`sampler.DECODE_LAYOUTS`); "auto" picks
-    # the backend's default: "in_out_f32_values" on CPU, "out_in" on GPU/TPU.
+    # `sampler.default_layout`: "in_out_f32_values" for float32 models on CPU, else "out_in".
     decode_layout: str = "auto"
     diffusion: DiffusionConfig = dataclasses.field(default_factory=DiffusionConfig)
 

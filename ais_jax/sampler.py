@@ -305,15 +305,23 @@ def resolve_layout(layout: str | DecodeLayout = "auto", dtype=jnp.bfloat16) -> D
 # XLA:CPU options of the decode program (`compiler_options`).
 _NO_LOOP_HOISTING = {"xla_disable_hlo_passes": "while-loop-invariant-code-motion"}
 _EIGEN_DOTS = {"xla_cpu_experimental_ynn_fusion_type": ""}  # dots to Eigen, not YNNPACK
+# The float32 MLP matrix (hidden x intermediate) from which Eigen's few-row dots beat YNNPACK's
+# on CPU: 12.6 MB (Qwen3-0.6B) and 3.1 MB (benchmarks' "small") decode faster with Eigen,
+# 0.2 MB ("tiny", in cache) slower (benchmarks/README.md).
+EIGEN_MIN_MATRIX_BYTES = 1 << 20
 
 
 def compiler_options(
-    layout: str | DecodeLayout, dtype, backend: str | None = None
+    layout: str | DecodeLayout,
+    dtype,
+    backend: str | None = None,
+    *,
+    config: ModelConfig | Qwen35Config | None = None,
 ) -> dict[str, str]:
-    """The XLA options the decode program of a model computing in ``dtype`` compiles with under
-    ``layout`` on ``backend`` (default: `jax.default_backend()`); none off CPU. A caller that
-    jits `generate` inside its own program passes them to its `jax.jit` (the outer program's
-    options are the ones XLA uses).
+    """The XLA options the decode program of a model (``config``; None: a large one) computing
+    in ``dtype`` compiles with under ``layout`` on ``backend`` (default:
+    `jax.default_backend()`); none off CPU. A caller that jits `generate` inside its own
+    program passes them to its `jax.jit` (the outer program's options are the ones XLA uses).
 
     On CPU (measured on the Qwen3-0.6B shape at batch 8, benchmarks/README.md):
 
@@ -322,15 +330,25 @@ def compiler_options(
       1.6x slower steps in bfloat16 (the few-row matmuls then read ``[in, out]``), and the
       copies' memory on top of the weights.
     - A float32 model under an ``in_out_weights`` layout runs its dots with Eigen rather than
-      YNNPACK (about 1.3x faster decode). Its bfloat16 dots are several times slower than
-      YNNPACK's, so 16-bit models keep YNNPACK. Skipped where the jaxlib lacks the option.
+      YNNPACK (about 1.3x faster decode) when its MLP matrices reach `EIGEN_MIN_MATRIX_BYTES`;
+      on smaller ones, which sit in cache, YNNPACK is faster. Eigen's bfloat16 dots are
+      several times slower than YNNPACK's, so 16-bit models keep YNNPACK. Skipped where the
+      jaxlib lacks the option.
     """
     backend = jax.default_backend() if backend is None else backend
     if backend != "cpu":
         return {}
     options = dict(_NO_LOOP_HOISTING)
-    eigen = resolve_layout(layout, dtype).in_out_weights and jnp.dtype(dtype) == jnp.float32
-    if eigen and _cpu_option_exists(*next(iter(_EIGEN_DOTS.items()))):
+    large = config is None or (
+        4 * config.hidden_size * config.intermediate_size >= EIGEN_MIN_MATRIX_BYTES
+    )
+    in_out = resolve_layout(layout, dtype).in_out_weights
+    if (
+        in_out
+        and large
+        and jnp.dtype(dtype) == jnp.float32
+        and _cpu_option_exists(*next(iter(_EIGEN_DOTS.items())))
+    ):
         options.update(_EIGEN_DOTS)
     return options
 
@@ -507,12 +525,12 @@ def _generate(
 _STATIC = ("config", "max_new_tokens", "eos_ids", "pad_id", "layout", "prompt_group")
 
 
-def _generate_jit(layout: DecodeLayout, dtype, traced: bool = False) -> Callable:
-    """`_generate` jitted with the `compiler_options` of ``layout`` and ``dtype`` on the
-    default backend (one jitted function, and so one compile cache, per set of options); with
-    none when ``traced`` (inside another transform's trace, where only the outermost `jax.jit`
-    may carry options)."""
-    options = {} if traced else compiler_options(layout, dtype)
+def _generate_jit(layout: DecodeLayout, dtype, config=None, traced: bool = False) -> Callable:
+    """`_generate` jitted with the `compiler_options` of ``layout``, ``dtype`` and ``config`` on
+    the default backend (one jitted function, and so one compile cache, per set of options);
+    with none when ``traced`` (inside another transform's trace, where only the outermost
+    `jax.jit` may carry options)."""
+    options = {} if traced else compiler_options(layout, dtype, config=config)
     return _jit_with(tuple(sorted(options.items())))
 
 
@@ -577,7 +595,7 @@ def generate(
             f"model's context (max_position_embeddings={config.max_position_embeddings})."
         )
     traced = any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((params, prompts, key)))
-    return _generate_jit(layout, dtype, traced)(
+    return _generate_jit(layout, dtype, config, traced)(
         params,
         config,
         prompts,

@@ -548,12 +548,13 @@ def _generate_phase(
         )
 
     rows, rep = shd.batch_sharding(mesh), shd.replicated(mesh)
+    options = sampler.compiler_options(layout, copy["embed"].dtype, config=config)
     return jax.jit(
         rollout_fn,
         in_shardings=(shd.param_shardings(copy, mesh, shd.ROLLOUT), rows, rows, rep, rep, rep, rep),
         out_shardings=rows,
         static_argnums=7,  # prompt_group, given by position
-        compiler_options=sampler.compiler_options(layout, copy["embed"].dtype) or None,
+        compiler_options=options or None,
     )
 
 

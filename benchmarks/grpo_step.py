@@ -519,7 +519,7 @@ def main() -> None:
     p.add_argument(
         "--decode-layout",
         default="auto",
-        help="ais_jax: the rollout's decode layout (sampler.DECODE_LAYOUTS; auto: the backend's)",
+        help="ais_jax: the rollout's decode layout (sampler.DECODE_LAYOUTS; auto: default_layout)",
     )
     p.add_argument("--trl-python", default=str(PEER_ROOT / "trl-venv/bin/python"))
     p.add_argument("--tunix-python", default=str(PEER_ROOT / "tunix-venv/bin/python"))

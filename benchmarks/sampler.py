@@ -25,7 +25,8 @@ fraction of the memory-read roofline: (weight bytes + average KV-cache bytes rea
 step time over the read bandwidth measured here with numpy (a "tiny" model sits in cache).
 Each call's process CPU time is reported too (``tok/cpu-s``): other processes on a shared
 machine inflate wall time, hardly CPU time. ``--ais-src`` benchmarks another ais_jax checkout;
-``--layout`` picks ais_jax's decode layout (`sampler.DECODE_LAYOUTS`; default: the backend's).
+``--layout`` picks ais_jax's decode layout (`sampler.DECODE_LAYOUTS`; default: ``auto``,
+`sampler.default_layout`).
 
     python benchmarks/sampler.py                  # tiny,small x b8,b32 x f32,bf16
     python benchmarks/sampler.py --quick          # smoke run: tiny, b8, bf16, 16 tokens
@@ -649,7 +650,7 @@ def main() -> None:
     p.add_argument(
         "--layout",
         default="auto",
-        help="ais_jax decode layout: auto (the backend's), in_out_f32_values or out_in",
+        help="ais_jax decode layout: auto (sampler.default_layout), in_out_f32_values or out_in",
     )
     p.add_argument(
         "--ais-xla-flags",

@@ -204,7 +204,7 @@ def test_sampling_options_do_not_recompile(params, layout):
     the program the BF16 test compiled)."""
     params = cast_params(params, jnp.bfloat16)
     sampler.generate(params, CONFIG, PROMPTS, KEY, max_new_tokens=T, layout=layout)
-    jitted = sampler._generate_jit(sampler.resolve_layout(layout), jnp.bfloat16)
+    jitted = sampler._generate_jit(sampler.resolve_layout(layout), jnp.bfloat16, CONFIG)
     compiled = jitted._cache_size()
     for temperature, top_k, top_p in [(0.7, None, None), (1.3, 5, None), (0.5, None, 0.6)]:
         r = sampler.generate(

@@ -731,7 +731,9 @@ def test_a_group_of_rows_with_one_prompt_is_prefilled_once(params, layout, kind)
         args += (jnp.float32(1), jnp.int32(V), jnp.float32(1))
         static = dict(max_new_tokens=T, eos_ids=EOS_IDS, pad_id=0, prompt_group=group)
         L = sampler.resolve_layout(layout)
-        compiled = sampler._generate_jit(L, p["embed"].dtype).lower(*args, layout=L, **static)
+        compiled = sampler._generate_jit(L, p["embed"].dtype, CONFIG).lower(
+            *args, layout=L, **static
+        )
         return compiled.compile().cost_analysis()["flops"]
 
     assert flops(G) < flops(1)
@@ -794,7 +796,8 @@ def test_sampling_options_do_not_recompile(params, rollout_f32, layout):
     # compiled here, under this test's jax config (the module's fixtures are set up outside
     # conftest's per-test rank-promotion context, a different jit cache key)
     sampler.generate(params, CONFIG, PROMPTS, KEY, max_new_tokens=T, layout=layout)
-    jitted = sampler._generate_jit(sampler.resolve_layout(layout), params["embed"].dtype)
+    L = sampler.resolve_layout(layout)
+    jitted = sampler._generate_jit(L, params["embed"].dtype, CONFIG)
     compiled = jitted._cache_size()
     for temperature, top_k, top_p in [
         (0.7, None, None),
@@ -896,18 +899,25 @@ def test_layouts_are_named_and_auto_is_the_backend_and_dtype_default():
         assert "['auto', 'in_out_f32_values', 'out_in']" in str(error.value)
 
 
-def test_compiler_options_on_cpu_only_with_eigen_dots_for_float32_in_out():
+def test_compiler_options_on_cpu_only_with_eigen_dots_for_large_float32_in_out():
     """No loop hoisting on CPU; Eigen dots only for a float32 model under ``in_out_weights``
-    (jaxlib 0.10.2, pinned, has the option); nothing on other backends."""
+    whose MLP matrices reach `EIGEN_MIN_MATRIX_BYTES` (or of unknown size; jaxlib 0.10.2,
+    pinned, has the option); nothing on other backends."""
     no_hoisting = {"xla_disable_hlo_passes": "while-loop-invariant-code-motion"}
     eigen = {"xla_cpu_experimental_ynn_fusion_type": ""}
+    edge = dataclasses.replace(CONFIG, hidden_size=256, intermediate_size=1024)  # 1 MiB in f32
+    below = dataclasses.replace(edge, intermediate_size=1023)
     for layout in sampler.DECODE_LAYOUTS:
         for dtype in (jnp.float32, jnp.bfloat16):
-            for backend in ("gpu", "tpu"):
-                assert sampler.compiler_options(layout, dtype, backend) == {}
-            in_out = sampler.DECODE_LAYOUTS[layout].in_out_weights
-            want = {**no_hoisting, **eigen} if in_out and dtype == jnp.float32 else no_hoisting
-            assert sampler.compiler_options(layout, dtype, "cpu") == want, (layout, dtype)
+            for config in (None, edge, below, CONFIG):
+                for backend in ("gpu", "tpu"):
+                    assert sampler.compiler_options(layout, dtype, backend, config=config) == {}
+                in_out = sampler.DECODE_LAYOUTS[layout].in_out_weights
+                large = config in (None, edge)
+                use_eigen = in_out and large and dtype == jnp.float32
+                want = {**no_hoisting, **eigen} if use_eigen else no_hoisting
+                got = sampler.compiler_options(layout, dtype, "cpu", config=config)
+                assert got == want, (layout, dtype, config)
     assert not sampler._cpu_option_exists("xla_no_such_option_anywhere", "")
 
 
@@ -927,7 +937,7 @@ def test_decode_loop_reads_the_weights_as_prepared(params, layout, kind):
     args = (prepared, CONFIG, jnp.asarray(prompts), jnp.asarray(prompt_mask), KEY)
     args += (jnp.float32(1), jnp.int32(V), jnp.float32(1))
     static = dict(max_new_tokens=T, eos_ids=EOS_IDS, pad_id=0, prompt_group=1, layout=L)
-    hlo = sampler._generate_jit(L, dtype).lower(*args, **static).compile().as_text()
+    hlo = sampler._generate_jit(L, dtype, CONFIG).lower(*args, **static).compile().as_text()
     carries = [line.split(" while(")[0] for line in hlo.splitlines() if " while(" in line]
     loop = max(carries, key=len)  # the decode loop's (the others are the draw's small loops)
     name = {"float32": "f32", "bfloat16": "bf16"}[kind]
