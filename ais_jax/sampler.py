@@ -304,7 +304,7 @@ def resolve_layout(layout: str | DecodeLayout = "auto", dtype=jnp.bfloat16) -> D
 
 # XLA:CPU options of the decode program (`compiler_options`).
 _NO_LOOP_HOISTING = {"xla_disable_hlo_passes": "while-loop-invariant-code-motion"}
-_EIGEN_DOTS = {"xla_cpu_experimental_ynn_fusion_type": ""}  # dots to Eigen, not YNNPACK
+_EIGEN_DOTS = ("xla_cpu_experimental_ynn_fusion_type", "")  # dots to Eigen, not YNNPACK
 # The float32 MLP matrix (hidden x intermediate) from which Eigen's few-row dots beat YNNPACK's
 # on CPU: 12.6 MB (Qwen3-0.6B) and 3.1 MB (benchmarks' "small") decode faster with Eigen,
 # 0.2 MB ("tiny", in cache) slower (benchmarks/README.md).
@@ -343,13 +343,9 @@ def compiler_options(
         4 * config.hidden_size * config.intermediate_size >= EIGEN_MIN_MATRIX_BYTES
     )
     in_out = resolve_layout(layout, dtype).in_out_weights
-    if (
-        in_out
-        and large
-        and jnp.dtype(dtype) == jnp.float32
-        and _cpu_option_exists(*next(iter(_EIGEN_DOTS.items())))
-    ):
-        options.update(_EIGEN_DOTS)
+    if in_out and large and jnp.dtype(dtype) == jnp.float32 and _cpu_option_exists(*_EIGEN_DOTS):
+        name, value = _EIGEN_DOTS
+        options[name] = value
     return options
 
 

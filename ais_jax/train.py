@@ -471,8 +471,10 @@ def _master(config: ModelConfig | Qwen35Config) -> Params:
     return param_shapes(config, jnp.float32)
 
 
+@functools.lru_cache(maxsize=PHASE_MEMO)
 def _rollout_copy(config: ModelConfig | Qwen35Config, rollout: RolloutConfig, dtype) -> Params:
-    """The shapes and dtypes of `sync_rollout_params`'s copy."""
+    """The shapes and dtypes of `sync_rollout_params`'s copy (one trace per copy: `make_phases`
+    and the sync and generate phases all read it; callers must not mutate it)."""
     return jax.eval_shape(
         functools.partial(sync_rollout_params, cfg=rollout, dtype=dtype), _master(config)
     )
