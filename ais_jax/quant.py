@@ -186,23 +186,47 @@ def quantize_activation(
     return round_to_format(x32 / scale, fmt), scale
 
 
+# From this many rows (tokens) on, XLA:CPU multiplies bfloat16 operands as float32 (`dot_dtype`).
+CPU_FLOAT32_DOT_MIN_ROWS = 4096
+
+
+def dot_dtype(dtype, rows: int, backend: str | None = None) -> jnp.dtype:
+    """The operand dtype of a matmul over ``rows`` rows of ``dtype`` operands on ``backend``
+    (default: `jax.default_backend()`): ``dtype``, except float32 for bfloat16 on CPU from
+    `CPU_FLOAT32_DOT_MIN_ROWS` rows on. The values are the same: a product of two bfloat16
+    numbers is exact in float32, and the dots accumulate in float32 either way, so only the
+    summation order can differ. The backward pass is unchanged too (JAX's transpose of a
+    bfloat16 dot already multiplies float32 cotangents by the operands upcast, and rounds the
+    gradients to bfloat16, as the casts' transposes do here). XLA:CPU's float32 GEMMs are
+    faster than its bfloat16 ones at training sizes (a GRPO update of the benchmarks' tiny
+    model: 1.17 vs 1.35 s, benchmarks/README.md); few-row products (decode steps) read the
+    weights from memory and stay in bfloat16, which reads half the bytes."""
+    dtype = jnp.dtype(dtype)
+    backend = jax.default_backend() if backend is None else backend
+    if dtype == jnp.bfloat16 and backend == "cpu" and rows >= CPU_FLOAT32_DOT_MIN_ROWS:
+        return jnp.dtype(jnp.float32)
+    return dtype
+
+
 def linear(
     x: jax.Array, w: jax.Array | QArray, *, row_mask: jax.Array | None = None, out_dtype=None
 ) -> jax.Array:
     """``y[..., O] = x[..., I] @ w[O, I]^T``; the one matmul of the model.
 
-    A plain array ``w`` (or `InOut`) runs on ``x.dtype`` operands (bf16 or f32 trainer path)
-    with float32 accumulation, rounded once to ``out_dtype``. (Asking XLA:CPU for a bf16 result
+    A plain array ``w`` (or `InOut`) runs on ``x.dtype`` operands (bf16 or f32 trainer path;
+    held as float32 where `dot_dtype` says so) with float32 accumulation, rounded once to
+    ``out_dtype``. (Asking XLA:CPU for a bf16 result
     directly is up to 4x slower for the same numbers.) A `QArray` runs the W8A8 path: ``x`` is
     quantized with a dynamic scale (masked rows excluded) and the dot takes the low-precision
     operands with float32 accumulation, rescaled by both scales.
     """
     out_dtype = out_dtype or x.dtype
-    if isinstance(w, InOut):
-        y = jnp.einsum("...i,io->...o", x, w.w_IO.astype(x.dtype), preferred_element_type=F32)
-        return y.astype(out_dtype)
     if not isinstance(w, QArray):
-        y = jnp.einsum("...i,oi->...o", x, w.astype(x.dtype), preferred_element_type=F32)
+        spec, w = ("...i,io->...o", w.w_IO) if isinstance(w, InOut) else ("...i,oi->...o", w)
+        dot = dot_dtype(x.dtype, x.size // x.shape[-1])
+        y = jnp.einsum(
+            spec, x.astype(dot), w.astype(x.dtype).astype(dot), preferred_element_type=F32
+        )
         return y.astype(out_dtype)
     fmt = get_format(w.fmt)
     xq, x_scale = quantize_activation(x, fmt, act_scaling=w.act_scaling, row_mask=row_mask)

@@ -343,6 +343,58 @@ def test_linear_plain_weight_is_the_plain_matmul():
     assert quant.linear(x.astype(jnp.bfloat16), w).dtype == jnp.bfloat16
 
 
+def test_dot_dtype_upcasts_only_many_bf16_rows_on_cpu():
+    rows = quant.CPU_FLOAT32_DOT_MIN_ROWS
+    assert quant.dot_dtype(jnp.bfloat16, rows, "cpu") == jnp.float32
+    assert quant.dot_dtype(jnp.bfloat16, rows - 1, "cpu") == jnp.bfloat16
+    for backend in ("gpu", "tpu"):
+        assert quant.dot_dtype(jnp.bfloat16, rows, backend) == jnp.bfloat16
+    for dtype in (jnp.float32, jnp.float16, jnp.float8_e4m3fn):
+        assert quant.dot_dtype(dtype, rows, "cpu") == dtype
+
+
+@pytest.mark.parametrize("in_out", [False, True])
+def test_linear_bf16_rows_as_float32_same_products_and_same_backward(in_out):
+    """Many bf16 rows on CPU: float32 operands holding the bf16 values. The forward equals a
+    float64 reference of the bf16 values to float32 summation error (the products are exact);
+    the gradients, through the same backward dots, equal bitwise those of the bf16 dot."""
+    rows = quant.CPU_FLOAT32_DOT_MIN_ROWS
+    x = randn((rows // 64, 64, 96), seed=11).astype(jnp.bfloat16)
+    w = randn((48, 96), seed=12)  # float32 master weights, cast to bf16 inside
+    weight = quant.InOut.of(w) if in_out else w
+    spec = "bsi,io->bso" if in_out else "bsi,oi->bso"
+
+    def bf16_dot(x, w):  # the bf16 x bf16 -> float32 dot `linear` ran before
+        w = w.w_IO if in_out else w
+        return jnp.einsum(spec, x, w.astype(x.dtype), preferred_element_type=jnp.float32)
+
+    hlo = jax.jit(lambda x, w: quant.linear(x, w, out_dtype=jnp.float32)).lower(x, weight)
+    hlo = hlo.as_text()
+    assert "xf32>) -> tensor" in hlo.split("dot_general")[1].split("\n")[0]
+    y = np.asarray(quant.linear(x, weight, out_dtype=jnp.float32), np.float64)
+    xs, ws = np.asarray(x, np.float64), np.asarray(w.astype(jnp.bfloat16), np.float64)
+    ref = np.einsum("bsi,oi->bso", xs, ws)
+    bound = 96 * np.finfo(np.float32).eps * np.einsum("bsi,oi->bso", np.abs(xs), np.abs(ws))
+    assert np.all(np.abs(y - ref) <= bound)
+    c = randn((rows // 64, 64, 48), seed=13)  # a linear loss: the cotangent is c itself
+
+    def loss(f):
+        return lambda x, w: jnp.sum(f(x, w).astype(jnp.bfloat16).astype(jnp.float32) * c)
+
+    linear = lambda x, w: quant.linear(x, w, out_dtype=jnp.float32)  # noqa: E731
+    got = jax.grad(loss(linear), argnums=(0, 1))(x, weight)
+    want = jax.grad(loss(bf16_dot), argnums=(0, 1))(x, weight)
+    for g, h in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        assert g.dtype == h.dtype
+        np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(h, np.float32))
+
+
+def test_linear_few_bf16_rows_keep_bf16_operands():
+    x = randn((8, 96), seed=14).astype(jnp.bfloat16)
+    hlo = jax.jit(quant.linear).lower(x, randn((48, 96), seed=15)).as_text()
+    assert "xbf16>) -> tensor" in hlo.split("dot_general")[1].split("\n")[0]
+
+
 def test_masked_rows_never_change_valid_rows():
     """Per-tensor scaling: rows with row_mask False do not enter the amax, so huge values
     there leave every valid row bitwise unchanged."""
