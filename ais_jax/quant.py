@@ -215,10 +215,10 @@ def linear(
 
     A plain array ``w`` (or `InOut`) runs on ``x.dtype`` operands (bf16 or f32 trainer path;
     held as float32 where `dot_dtype` says so) with float32 accumulation, rounded once to
-    ``out_dtype``. (Asking XLA:CPU for a bf16 result
-    directly is up to 4x slower for the same numbers.) A `QArray` runs the W8A8 path: ``x`` is
-    quantized with a dynamic scale (masked rows excluded) and the dot takes the low-precision
-    operands with float32 accumulation, rescaled by both scales.
+    ``out_dtype``. (Asking XLA:CPU for a bf16 result directly is up to 4x slower for the same
+    numbers.) A `QArray` runs the W8A8 path: ``x`` is quantized with a dynamic scale (masked
+    rows excluded) and the dot takes the low-precision operands with float32 accumulation,
+    rescaled by both scales.
     """
     out_dtype = out_dtype or x.dtype
     if not isinstance(w, QArray):
