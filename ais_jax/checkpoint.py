@@ -15,10 +15,12 @@ restore (a different model or training setup) is a `CheckpointError` listing the
 found from the checkpoint's metadata before any array is read.
 
 A save that fails (a full disk, a file-size limit, a read-only file system) is one
-`CheckpointError` naming the step's folder and the reason: orbax's worker threads each report
+`CheckpointError` naming the step's folder and the reason. orbax's worker threads each report
 the failure too (absl and asyncio log records, "Event loop is closed" from tensorstore
-callbacks), and those echoes are held back during the save and dropped when it fails. A
-restored checkpoint whose floating-point arrays hold NaN or infinity is restored with a
+callbacks, and asyncio's "Task was destroyed but it is pending!" with "coroutine ... was never
+awaited" for writes that had not started when the save's loop closed): those echoes are held
+back during the save and, once it has failed, dropped for the rest of the process. A restored
+checkpoint whose floating-point arrays hold NaN or infinity is restored with a
 warning naming the checkpoint and the arrays.
 """
 
@@ -30,6 +32,7 @@ import os
 import re
 import shutil
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -298,7 +301,11 @@ _NOISE = (
     # for the future that gathers them, "_GatheringFuture exception was never retrieved"
     "exception was never retrieved",
     "raised an exception",  # orbax: "_SignalingThread.run() raised an exception: ..."
+    # asyncio, for a write task whose loop the failed save closed before the task first ran
+    "Task was destroyed but it is pending",
 )
+# ...and that task's coroutine, closed unstarted, warns (when the task is collected)
+_NEVER_AWAITED = r"coroutine '.*' was never awaited"
 
 
 class _DropEchoes(logging.Filter):
@@ -350,6 +357,7 @@ def _held_back_echoes():
                     logger.addFilter(_DropEchoes())
             if not getattr(sys.unraisablehook, "drops_loop_closed", False):
                 sys.unraisablehook = _dropping_loop_closed(sys.unraisablehook)
+            warnings.filterwarnings("ignore", _NEVER_AWAITED, RuntimeWarning)
         else:
             for record in hold.records:
                 logging.getLogger(record.name).handle(record)

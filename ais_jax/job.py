@@ -9,6 +9,7 @@ metrics, checkpoints, resume, plots and run directory for both.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -65,10 +66,17 @@ def run_training(
             # TensorBoard events, plots and summary, and shows progress.
             run_log = RunLog(out, primary=run.host == 0)
             progress = show_progress and run_log.primary
-            summary = _start_or_resume(run, run_log, resume, fallback, progress, initial_params)
-            run_log.open_events(purge=int(run.state.step) + 1 if resume else None)
-            _rl_steps(run, run_log, progress, on_step)
-            return _summarize(run, run_log, summary, stack, resume)
+            try:
+                summary = _start_or_resume(run, run_log, resume, fallback, progress, initial_params)
+                run_log.open_events(purge=int(run.state.step) + 1 if resume else None)
+                _rl_steps(run, run_log, progress, on_step)
+                return _summarize(run, run_log, summary, stack, resume)
+            except BaseException:
+                # the events so far on disk; a failing write here (the full disk that may have
+                # raised) is left to the error being raised, not to an atexit traceback
+                with contextlib.suppress(OSError):
+                    run_log.close()
+                raise
     finally:
         forget_set_aside(out)
 

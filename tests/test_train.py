@@ -790,6 +790,21 @@ def _tb_events(directory: Path):
             pos += 12 + length + 4
 
 
+def test_a_run_that_raises_closes_its_events_first(tmp_path):
+    """An error that ends a run (here from ``on_step`` after step 1) closes the TensorBoard
+    writer before it propagates: the step's scalars are on disk then, not queued in
+    tensorboardX's thread for an atexit flush (which a full disk would turn into a traceback)."""
+
+    def fail(row):
+        raise RuntimeError(f"stop at step {row['step']}")
+
+    out = tmp_path / "run"
+    with pytest.raises(RuntimeError, match="stop at step 1"):
+        run_training(tiny_config(steps=3), out, show_progress=False, on_step=fail)
+    tags = {v.tag for e in _tb_events(out / "tb") if e.step == 1 for v in e.summary.value}
+    assert {"reward/mean", "ais/alpha"} <= tags, sorted(tags)
+
+
 # orbax/tensorstore: reads still in flight when a damaged checkpoint fails call back into the
 # closed event loop ("RuntimeError: Event loop is closed", printed, harmless)
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
