@@ -1,16 +1,23 @@
 """The central claim, at test scale: the default job's GRPO phase learns.
 
-The embedded quickstart (`ais-jax train` with no config), shortened: a 1,500-step warm start on
-the careless teacher's demonstrations, then 30 GRPO steps with FP8 rollouts and AIS. The
-held-out prompts are fixed (the first 256 of the seed-independent eval stream, which no
-training stream ever draws), so the start and end accuracies are paired on the same prompts.
-The full default gains about 20 points, most of it in its first 50 steps (README, "The main
-job"; measured for this shortened job: 52.3% at the start, 74.2% after 15 steps, 77.7% after
-30); the shortened one must gain at least 8, far outside what 256 paired prompts move by chance
-(a net change of 21 prompts).
+The embedded quickstart (`ais-jax train` with no config), shortened to 30 GRPO steps: its
+2,000-step warm start on the careless teacher's demonstrations, then 30 GRPO steps with FP8
+rollouts and AIS. The held-out prompts are the job's fixed 1,024 (the seed-independent eval
+stream, which no training stream ever draws), so the start and end accuracies are paired on
+the same prompts. The job must gain at least 8 points, a net 82 of the 1,024 paired prompts;
+with no learning the net change is a sum of +-1 over the prompts that flip, whose standard
+deviation is the square root of their number: 13 prompts even if 160 flipped.
+
+How far that is from the edge, measured on 488dc45 for seeds 0-4 (greedy held-out %, start ->
+after 30 steps): 62.6 -> 78.1, 59.3 -> 88.5, 47.2 -> 60.1, 57.4 -> 85.4, 62.5 -> 89.5; gains
++12.9 to +29.2. The warm start is what varies most: seed 2's ends at 47.2%. An earlier version
+of this test shortened the warm start to 1,500 steps and evaluated 256 prompts. There seed 1
+gained only +5.1, and a change in the order of the trainer's bf16 attention sums left seed 0's
+warm start at 43.4% (+0.4 after GRPO): the test turned on where a shortened warm start
+happened to land.
 
 The job runs as the README's first command does (the installed `ais-jax` script), compiled with
-XLA's default compile options (`conftest.default_compile_env`): its 1,500 warm-start steps
+XLA's default compile options (`conftest.default_compile_env`): its 2,000 warm-start steps
 are run time, not compile time.
 """
 
@@ -25,13 +32,7 @@ from conftest import default_compile_env
 
 from ais_jax.config import load_config
 
-SHORTENED = [
-    "sft.steps=1500",
-    "steps=30",
-    "eval_every=15",
-    "checkpoint_every=30",
-    "task.eval_examples=256",
-]
+SHORTENED = ["steps=30", "eval_every=15", "checkpoint_every=30"]
 
 
 def test_default_job_raises_greedy_held_out_accuracy(tmp_path):
@@ -50,7 +51,7 @@ def test_default_job_raises_greedy_held_out_accuracy(tmp_path):
     assert cfg.rollout.format == "float8_e4m3fn" and cfg.correction.method == "ais"
     summary = json.loads((out / "summary.json").read_text())
     start, end = summary["initial/eval/accuracy"], summary["eval/accuracy"]
-    assert summary["eval/examples"] == summary["initial/eval/examples"] == 256
+    assert summary["eval/examples"] == summary["initial/eval/examples"] == 1024
     assert end - start >= 0.08, (start, end)
     # the accuracy curve is on disk: step 0 (the start), every eval_every steps, and the end
     rows = [json.loads(line) for line in (out / "eval.jsonl").read_text().splitlines()]
