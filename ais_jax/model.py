@@ -45,7 +45,6 @@ one in a decode step). The layer functions shared by both call their positions S
 
 from __future__ import annotations
 
-import functools
 import numbers
 from collections.abc import Callable
 from typing import Any
@@ -166,46 +165,50 @@ def attention(
     """Grouped-query softmax attention (R = H // K query heads per kv head), float32 softmax:
     Q query positions over S key positions, ``allowed_BQS`` the pairs that may attend.
 
-    Keys come as ``[B, K, S, E]`` and values as ``[B, K, E, S]``, the KV cache's layouts: both
-    dots then contract their operands' minor dimensions, which is what XLA's batched dots want
-    (no per-step transpose of the cache). The result and the probabilities are rounded to
-    ``q``'s dtype (the compute dtype). Each dot takes the wider of that dtype and its cache
-    operand's, with float32 accumulation: a float32 value cache holding bfloat16 values (the
-    sampler's on CPU) gives the same products, summed in another order. One query position (a
-    decode step) runs the same sums in einsums without the unit axis (`_attention`). Under
-    autodiff the backward pass recomputes the scores and probabilities from q, k and v
-    (`recompute_in_backward`) instead of keeping them: ``[B, K, R, Q, S]`` float32 arrays, the
-    largest of a training step's activations after the logits.
+    Keys come as ``[B, K, S, E]`` and values as ``[B, K, E, S]``, the KV cache's layouts, and
+    the queries are laid out as ``[B, K, R * Q, E]``: each dot is then a plain batched matmul
+    over ``[B, K]`` that contracts its operands' minor dimensions, which is what XLA's batched
+    dots want (no per-step transpose of the cache; with Q = 1, a decode step, the query
+    transpose only moves unit axes). The result and the probabilities are rounded to ``q``'s
+    dtype (the compute dtype). Each dot takes the wider of that dtype and its cache operand's,
+    with float32 accumulation: a float32 value cache holding bfloat16 values (the sampler's on
+    CPU) gives the same products, summed in another order. Under autodiff the backward pass
+    recomputes the scores and probabilities from q, k and v (`recompute_in_backward`) instead
+    of keeping them: ``[B, K, R * Q, S]`` float32 arrays, the largest of a training step's
+    activations after the logits.
     """
-    body = functools.partial(_attention, one_query=q_BQHE.shape[1] == 1)
-    return recompute_in_backward(body)(q_BQHE, k_BKSE, v_BKES, allowed_BQS)
+    return recompute_in_backward(_attention)(q_BQHE, k_BKSE, v_BKES, allowed_BQS)
 
 
-def _attention(q_BQHE, k_BKSE, v_BKES, allowed_BQS, *, one_query: bool):
-    """`attention`; ``one_query`` (Q = 1, a decode step) writes its einsums without the unit Q
-    axis, the same products and sums. XLA:CPU's YNNPACK dots then read and write the operands
-    as they lie; with Q = 1 inside the general einsums the attention dots took about half of a
-    tiny-model decode step (batch 128: 1.56 vs 0.54 ms per layer, equal results)."""
+def _attention(q_BQHE, k_BKSE, v_BKES, allowed_BQS):
+    """`attention`'s forward. (The earlier layout, queries as ``[B, Q, K, R, E]`` inside the
+    einsums, ran the attention forward and backward of the benchmarks' tiny GRPO update 13%
+    slower per layer on XLA:CPU, the small model's 16%, and needed einsums of its own for a
+    decode step's Q = 1; benchmarks/README.md.)"""
     B, Q, H, E = q_BQHE.shape
     K = k_BKSE.shape[1]
+    R = H // K
     dtype = q_BQHE.dtype
     key_dtype = jnp.promote_types(dtype, k_BKSE.dtype)
     value_dtype = jnp.promote_types(dtype, v_BKES.dtype)
-    if one_query:  # q [B, K, R, E]; scores and probs [B, K, R, S]
-        q_x = q_BQHE.reshape(B, K, H // K, E)
-        scores_spec, out_spec = "bkre,bkse->bkrs", "bkrs,bkes->bkre"
-        allowed_x = allowed_BQS[:, None]
-    else:  # q [B, Q, K, R, E]; scores and probs [B, K, R, Q, S]
-        q_x = q_BQHE.reshape(B, Q, K, H // K, E)
-        scores_spec, out_spec = "bqkre,bkse->bkrqs", "bkrqs,bkes->bqkre"
-        allowed_x = allowed_BQS[:, None, None]
-    scores = jnp.einsum(
-        scores_spec, q_x.astype(key_dtype), k_BKSE.astype(key_dtype), preferred_element_type=F32
+    q_BKME = q_BQHE.reshape(B, Q, K, R, E).transpose(0, 2, 3, 1, 4).reshape(B, K, R * Q, E)
+    scores_BKMS = jnp.einsum(
+        "bkme,bkse->bkms",
+        q_BKME.astype(key_dtype),
+        k_BKSE.astype(key_dtype),
+        preferred_element_type=F32,
     ) * (E**-0.5)
-    scores = jnp.where(allowed_x, scores, _MASKED)
-    probs = jax.nn.softmax(scores, axis=-1).astype(dtype).astype(value_dtype)
-    out = jnp.einsum(out_spec, probs, v_BKES.astype(value_dtype), preferred_element_type=F32)
-    return out.astype(dtype).reshape(B, Q, H * E)
+    scores_BKRQS = scores_BKMS.reshape(B, K, R, Q, -1)
+    scores_BKRQS = jnp.where(allowed_BQS[:, None, None], scores_BKRQS, _MASKED)
+    probs_BKRQS = jax.nn.softmax(scores_BKRQS, axis=-1).astype(dtype).astype(value_dtype)
+    out_BKME = jnp.einsum(
+        "bkms,bkes->bkme",
+        probs_BKRQS.reshape(B, K, R * Q, -1),
+        v_BKES.astype(value_dtype),
+        preferred_element_type=F32,
+    )
+    out_BQKRE = out_BKME.astype(dtype).reshape(B, K, R, Q, E).transpose(0, 3, 1, 2, 4)
+    return out_BQKRE.reshape(B, Q, H * E)
 
 
 def recompute_in_backward(fn: Callable[..., jax.Array]) -> Callable[..., jax.Array]:

@@ -147,40 +147,46 @@ def test_kv_cache_decode_matches_full_forward(config):
     assert step._cache_size() == compiled  # decode steps after the first never retrace
 
 
+@pytest.mark.parametrize("Q", [1, 4])
 @pytest.mark.parametrize("B, K, R, E, S", [(5, 2, 2, 8, 11), (3, 1, 4, 16, 9), (4, 3, 1, 8, 6)])
-def test_one_query_attention_is_the_general_attention(B, K, R, E, S):
-    """A decode step's attention (Q = 1, its own einsums) equals the general path's (any Q) and
-    float64 softmax attention: float32 to rounding; with the sampler's operands (bfloat16
-    queries and keys, a float32 value cache holding bfloat16 values) to one bfloat16 ulp of the
-    largest output, what a float32 sum in another order can flip (measured: bitwise equal)."""
-    rng = np.random.default_rng(B * 100 + S)
-    q = rng.normal(size=(B, 1, K * R, E)).astype(np.float32)
+def test_attention_is_float64_softmax_attention(B, K, R, E, S, Q):
+    """`attention` (queries laid out as ``[B, K, R * Q, E]``) against float64 softmax attention,
+    for a decode step (Q = 1) and several query positions: float32 to rounding. With the
+    sampler's operands (bfloat16 queries and keys, a float32 value cache holding bfloat16
+    values) the probabilities and the output are rounded to bfloat16 (unit roundoff u = 2^-8),
+    so each output is within u * (sum_s p_s |v_s| + |out|) <= u * (max |v| + |out|) of the
+    float64 attention of the same bfloat16 inputs, plus float32 rounding."""
+    rng = np.random.default_rng(B * 100 + S + Q)
+    q = rng.normal(size=(B, Q, K * R, E)).astype(np.float32)
     k = rng.normal(size=(B, K, S, E)).astype(np.float32)
     v = rng.normal(size=(B, K, E, S)).astype(np.float32)
-    allowed = rng.random((B, 1, S)) < 0.7
-    allowed[:, :, 0] = True  # every row attends somewhere
+    allowed = rng.random((B, Q, S)) < 0.7
+    allowed[:, :, 0] = True  # every query attends somewhere
 
-    scores = np.einsum("bkre,bkse->bkrs", q.reshape(B, K, R, E), k, dtype=np.float64) / E**0.5
-    scores = np.where(allowed[:, None], scores, -np.inf)
-    probs = np.exp(scores - scores.max(-1, keepdims=True))
-    probs /= probs.sum(-1, keepdims=True)
-    reference = np.einsum("bkrs,bkes->bkre", probs, v).reshape(B, 1, K * R * E)
+    def reference(q, k, v):
+        q_BKRQE = np.asarray(q, np.float64).reshape(B, Q, K, R, E).transpose(0, 2, 3, 1, 4)
+        scores = np.einsum("bkrqe,bkse->bkrqs", q_BKRQE, np.asarray(k, np.float64)) / E**0.5
+        scores = np.where(allowed[:, None, None], scores, -np.inf)
+        probs = np.exp(scores - scores.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        out = np.einsum("bkrqs,bkes->bqkre", probs, np.asarray(v, np.float64))
+        return out.reshape(B, Q, K * R * E)
 
-    one = jax.jit(model.attention)(q, k, v, allowed)
-    general = jax.jit(lambda *a: model._attention(*a, one_query=False))
-    np.testing.assert_allclose(one, reference, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(one, general(q, k, v, allowed), rtol=1e-6, atol=1e-6)
+    got = jax.jit(model.attention)(q, k, v, allowed)
+    assert got.dtype == jnp.float32 and got.shape == (B, Q, K * R * E)
+    np.testing.assert_allclose(got, reference(q, k, v), rtol=1e-5, atol=1e-6)
 
     bf16 = jnp.bfloat16
     q16, k16 = jnp.asarray(q, bf16), jnp.asarray(k, bf16)
     v32 = jnp.asarray(v, bf16).astype(jnp.float32)
-    one16 = jax.jit(model.attention)(q16, k16, v32, allowed)
-    general16 = general(q16, k16, v32, allowed)
-    assert one16.dtype == bf16
-    ulp = 2.0**-7 * np.abs(np.asarray(general16, np.float32)).max()
-    np.testing.assert_allclose(
-        np.asarray(one16, np.float32), general16.astype(np.float32), atol=ulp
-    )
+    got16 = jax.jit(model.attention)(q16, k16, v32, allowed)
+    assert got16.dtype == bf16
+    want = reference(q16.astype(jnp.float32), k16.astype(jnp.float32), v32)
+    u = 2.0**-8
+    bound = u * (np.abs(np.asarray(v32)).max() + np.abs(want)) + 1e-6
+    assert (np.abs(np.asarray(got16, np.float64) - want) <= bound).all()
+    # ... and the bound is not vacuous: the bfloat16 result is not the float32 one
+    assert not np.array_equal(np.asarray(got16, np.float32), np.asarray(got))
 
 
 def _plain_autodiff(monkeypatch):
