@@ -8,13 +8,13 @@ the same prompts. The job must gain at least 8 points, a net 82 of the 1,024 pai
 with no learning the net change is a sum of +-1 over the prompts that flip, whose standard
 deviation is the square root of their number: 13 prompts even if 160 flipped.
 
-How far that is from the edge, measured on 488dc45 for seeds 0-4 (greedy held-out %, start ->
-after 30 steps): 62.6 -> 78.1, 59.3 -> 88.5, 47.2 -> 60.1, 57.4 -> 85.4, 62.5 -> 89.5; gains
-+12.9 to +29.2. The warm start is what varies most: seed 2's ends at 47.2%. An earlier version
-of this test shortened the warm start to 1,500 steps and evaluated 256 prompts. There seed 1
-gained only +5.1, and a change in the order of the trainer's bf16 attention sums left seed 0's
-warm start at 43.4% (+0.4 after GRPO): the test turned on where a shortened warm start
-happened to land.
+How far that is from the edge (greedy held-out %, start -> after 30 steps; benchmarks/README.md,
+"Attention as plain batched matmuls"): seeds 0-3 on 6816ab9 60.9 -> 76.7, 59.8 -> 91.1,
+58.6 -> 82.1, 59.0 -> 93.6 (+15.8 to +34.6); seeds 0-4 on 488dc45, the attention layout
+before, +12.9 to +29.2. The warm start is what varies most: seed 2's ended at 47.2% there.
+An earlier version of this test shortened the warm start to 1,500 steps and evaluated 256
+prompts. There seed 1 gained only +5.1 on 488dc45, and this layout left seed 0's warm start at
+43.4% (+0.4 after GRPO): the test turned on where a shortened warm start happened to land.
 
 The job runs as the README's first command does (the installed `ais-jax` script), compiled with
 XLA's default compile options (`conftest.default_compile_env`): its 2,000 warm-start steps
