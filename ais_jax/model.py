@@ -182,9 +182,9 @@ def attention(
 
 def _attention(q_BQHE, k_BKSE, v_BKES, allowed_BQS):
     """`attention`'s forward. (The earlier layout, queries as ``[B, Q, K, R, E]`` inside the
-    einsums, ran the attention forward and backward of the benchmarks' tiny GRPO update 13%
-    slower per layer on XLA:CPU, the small model's 16%, and needed einsums of its own for a
-    decode step's Q = 1; benchmarks/README.md.)"""
+    einsums, took 15% longer per layer for the attention forward and backward of the
+    benchmarks' tiny GRPO update on XLA:CPU, 19% longer for the small model's, and needed
+    einsums of its own for a decode step's Q = 1; benchmarks/README.md.)"""
     B, Q, H, E = q_BQHE.shape
     K = k_BKSE.shape[1]
     R = H // K
