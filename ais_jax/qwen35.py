@@ -91,7 +91,7 @@ from ais_jax.model import (
     Params,
     _cache_layout,
     _mlp,
-    _write_slots,
+    _write_kv,
     attention,
     head_logits,
     positions_from_mask,
@@ -925,9 +925,7 @@ def forward_cached(
         if c.layer_types[i] == "full_attention":
 
             def write(k_BQKE, v_BQKE, j=j):
-                k_BKQE, v_BKEQ = _cache_layout(k_BQKE, v_BQKE)
-                k_cache[j] = _write_slots(k_cache[j], k_BKQE, (0, 0, start, 0))
-                v_cache[j] = _write_slots(v_cache[j], v_BKEQ, (0, 0, 0, start))
+                k_cache[j], v_cache[j] = _write_kv(k_cache[j], v_cache[j], k_BQKE, v_BQKE, start)
                 return k_cache[j], v_cache[j]
 
             mixed = _gated_attention(lp, c, h_BQD, positions_BQ, mask_BQ, allowed_BQS, write)

@@ -147,6 +147,30 @@ def test_kv_cache_decode_matches_full_forward(config):
     assert step._cache_size() == compiled  # decode steps after the first never retrace
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("Q", [1, 3])
+def test_write_kv_puts_each_token_in_its_slot_and_nothing_else(dtype, Q):
+    """`model._write_kv` (a decode step's 16-bit values go through a select on CPU, everything
+    else through a dynamic-update-slice): slots start .. start + Q - 1 hold the new keys and
+    values, bit for bit (float32 updates rounded once to the cache dtype), and every other slot
+    is unchanged."""
+    B, K, E, S, start = 3, 2, 4, 9, 5
+    rng = np.random.default_rng(Q)
+    k_cache = jnp.asarray(rng.normal(size=(B, K, S, E)), dtype)
+    v_cache = jnp.asarray(rng.normal(size=(B, K, E, S)), dtype)
+    k_new = jnp.asarray(rng.normal(size=(B, Q, K, E)), jnp.float32)
+    v_new = jnp.asarray(rng.normal(size=(B, Q, K, E)), jnp.float32)
+    write = jax.jit(model._write_kv)
+    k_out, v_out = write(k_cache, v_cache, k_new, v_new, jnp.int32(start))
+    assert k_out.dtype == v_out.dtype == jnp.dtype(dtype)
+    k_want, v_want = np.asarray(k_cache).copy(), np.asarray(v_cache).copy()
+    k_want[:, :, start : start + Q] = np.asarray(k_new.astype(dtype)).transpose(0, 2, 1, 3)
+    v_want[..., start : start + Q] = np.asarray(v_new.astype(dtype)).transpose(0, 2, 3, 1)
+    bits = lambda x: np.asarray(x).view(f"u{np.dtype(x.dtype).itemsize}")  # noqa: E731
+    np.testing.assert_array_equal(bits(k_out), bits(k_want))
+    np.testing.assert_array_equal(bits(v_out), bits(v_want))
+
+
 @pytest.mark.parametrize("Q", [1, 4])
 @pytest.mark.parametrize("B, K, R, E, S", [(5, 2, 2, 8, 11), (3, 1, 4, 16, 9), (4, 3, 1, 8, 6)])
 def test_attention_is_float64_softmax_attention(B, K, R, E, S, Q):
