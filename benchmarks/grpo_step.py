@@ -499,6 +499,49 @@ def report(size: str, results: dict[str, dict]) -> None:
         )
 
 
+def run_engine(name: str, extra: dict, args, ckpt: str, peer_python: dict) -> dict:
+    if name in PEERS:
+        if not peer_python[name].exists():
+            setup = "bash benchmarks/peers_setup.sh" + " --trl" * (name == "trl")
+            return {"error": f"{peer_python[name]} not found: {setup}"}
+        return spawn(peer_python[name], name, args, ckpt=ckpt)
+    return spawn(
+        Path(sys.executable),
+        "ais_jax",
+        args,
+        ckpt=ckpt,
+        chunk_logits=args.chunk_logits or None,
+        decode_layout=args.decode_layout,
+        **extra,
+    )
+
+
+def report_rounds(size: str, rounds: list[dict[str, dict]]) -> None:
+    """One line per round: each ais_jax engine's step and rollout throughput over the fastest
+    peer's step and over TRL's rollout (transformers' `generate`), then their medians."""
+    ais = [name for name in rounds[0] if name.startswith("ais_jax")]
+    ratios: dict[str, list[float]] = {}
+    rows = []
+    for i, results in enumerate(rounds):
+        peers = [r["step"] for k, r in results.items() if k in PEERS and "error" not in r]
+        trl = results.get("trl", {})
+        row = [str(i + 1)]
+        for name in ais:
+            r = results[name]
+            step = min(peers) / r["step"] if peers and "error" not in r else float("nan")
+            rollout = trl.get("rollout", float("nan")) / r.get("rollout", float("nan"))
+            ratios.setdefault(f"{name} step", []).append(step)
+            ratios.setdefault(f"{name} rollout", []).append(rollout)
+            row += [f"{step:.2f}x", f"{rollout:.2f}x"]
+        rows.append(row)
+    rows.append(["median"] + [f"{statistics.median(v):.2f}x" for v in ratios.values()])
+    header = ["round"]
+    for name in ais:
+        header += [f"{name}: fastest peer step / step", f"TRL rollout / {name} rollout"]
+    print(f"\n{size}, {len(rounds)} rounds (every other one in reverse order):")
+    _sampler_bench().print_table(rows, header)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", default="tiny,small")
@@ -508,6 +551,13 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--timeout", type=int, default=1800)
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run every engine this many times, every other round in reverse order, and "
+        "print each round's ratios and their median (the machine's drift hits every engine)",
+    )
     p.add_argument(
         "--ais-variants",
         action="store_true",
@@ -559,28 +609,19 @@ def main() -> None:
                     runs[engine] = {}
                 else:
                     raise SystemExit(f"--engines: unknown {engine!r}; known: {', '.join(ENGINES)}")
-            results = {}
-            for name, extra in runs.items():
-                t0 = time.perf_counter()
-                if name in PEERS:
-                    if not peer_python[name].exists():
-                        setup = "bash benchmarks/peers_setup.sh" + " --trl" * (name == "trl")
-                        results[name] = {"error": f"{peer_python[name]} not found: {setup}"}
-                        continue
-                    results[name] = spawn(peer_python[name], name, args, ckpt=ckpt)
-                else:
-                    chunk = args.chunk_logits or None
-                    results[name] = spawn(
-                        Path(sys.executable),
-                        "ais_jax",
-                        args,
-                        ckpt=ckpt,
-                        chunk_logits=chunk,
-                        decode_layout=args.decode_layout,
-                        **extra,
-                    )
-                print(f"  [{size} {name}: {time.perf_counter() - t0:.0f} s]", flush=True)
-            report(size, results)
+            rounds = []
+            for r in range(args.rounds):  # every other round in reverse: drift hits both ends
+                order = list(runs.items())[:: -1 if r % 2 else 1]
+                results = {}
+                for name, extra in order:
+                    t0 = time.perf_counter()
+                    results[name] = run_engine(name, extra, args, ckpt, peer_python)
+                    print(f"  [{size} {name}: {time.perf_counter() - t0:.0f} s]", flush=True)
+                results = {name: results[name] for name in runs}
+                report(size, results)
+                rounds.append(results)
+            if args.rounds > 1:
+                report_rounds(size, rounds)
 
 
 if __name__ == "__main__":

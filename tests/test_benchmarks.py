@@ -52,3 +52,24 @@ def test_grpo_step_report_compares_with_the_faster_peer(capsys):
     assert "2.00x" in lines["ais_jax-bf16"]  # tunix's 3.0 s over 1.5 s, not TRL's 4.5 s
     assert "4.75" in lines["trl"] and "3.50" in lines["tunix"]  # step + its own score pass
     assert "0.67x" in lines["trl"] and "error" in lines["ais_jax-fp8"]
+
+
+def test_grpo_step_rounds_report_each_round_and_the_median(capsys):
+    grpo_step = _module("grpo_step")
+    row = dict(score=0.0, update=1.0, peak_gib=1.0, cpu=2.0, steps_s=[1.0], version="v")
+
+    def round_(ais_step, ais_rollout, trl_step, trl_rollout):
+        return {
+            "ais_jax-bf16": row | {"step": ais_step, "rollout": ais_rollout},
+            "trl": row | {"step": trl_step, "rollout": trl_rollout},
+            "tunix": row | {"step": 9.0, "rollout": 9.0},
+        }
+
+    rounds = [round_(1.0, 0.5, 2.0, 1.0), round_(2.0, 0.5, 3.0, 0.5), round_(1.0, 1.0, 1.5, 1.5)]
+    grpo_step.report_rounds("tiny", rounds)
+    rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines()]
+    rows = {cells[0].strip(): [c.strip() for c in cells[1:]] for cells in rows if cells}
+    assert rows["1"] == ["2.00x", "2.00x"]  # TRL (the faster peer) 2.0 s / 1.0 s; 1.0 / 0.5
+    assert rows["2"] == ["1.50x", "1.00x"]
+    assert rows["3"] == ["1.50x", "1.50x"]
+    assert rows["median"] == ["1.50x", "1.50x"]
