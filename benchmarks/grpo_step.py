@@ -44,6 +44,7 @@ drops out of its loss) and, like TRL, computes no rollout log-probs or AIS diagn
     python benchmarks/grpo_step.py                        # tiny and small, every engine
     python benchmarks/grpo_step.py --sizes tiny --engines ais_jax-bf16,trl,tunix --steps 3
     python benchmarks/grpo_step.py --sizes tiny --engines ais_jax-bf16 --decode-layout out_in
+    python benchmarks/grpo_step.py --sizes tiny --rounds 3  # every engine 3 times: ratios per round
 """
 
 from __future__ import annotations
