@@ -553,7 +553,8 @@ def _write_kv(k_BKSE, v_BKES, k_BQKE, v_BQKE, start) -> tuple[jax.Array, jax.Arr
     rather than a dynamic-update-slice: XLA:CPU's 16-bit update is not in place either way
     (`_write_slots`), and along the values' minor slot axis its element-by-element copy took
     340 us where the vectorised select takes 94 (the benchmarks' tiny model at batch 128, per
-    layer and step: 7% of a `generate`; benchmarks/README.md). The stored values are the same.
+    layer and step; the whole `generate` 7-10% faster: benchmarks/README.md). The stored values
+    are the same.
     """
     k_BKQE, v_BKEQ = _cache_layout(k_BQKE, v_BQKE)
     k_BKSE = _write_slots(k_BKSE, k_BKQE, (0, 0, start, 0))
