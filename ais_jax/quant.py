@@ -186,8 +186,9 @@ def quantize_activation(
     return round_to_format(x32 / scale, fmt), scale
 
 
-# From this many rows (tokens) on, XLA:CPU multiplies bfloat16 operands as float32 (`dot_dtype`).
-CPU_FLOAT32_DOT_MIN_ROWS = 4096
+# From this many rows (tokens) on, XLA:CPU multiplies bfloat16 operands as float32 (`dot_dtype`):
+# a batch-128 decode step upcasts, a batch-8 or batch-32 one does not (benchmarks/README.md).
+CPU_FLOAT32_DOT_MIN_ROWS = 128
 
 
 def dot_dtype(dtype, rows: int, backend: str | None = None) -> jnp.dtype:
@@ -198,9 +199,10 @@ def dot_dtype(dtype, rows: int, backend: str | None = None) -> jnp.dtype:
     summation order can differ. The backward pass is unchanged too (JAX's transpose of a
     bfloat16 dot already multiplies float32 cotangents by the operands upcast, and rounds the
     gradients to bfloat16, as the casts' transposes do here). XLA:CPU's float32 GEMMs are
-    faster than its bfloat16 ones at training sizes (a GRPO update of the benchmarks' tiny
-    model: 1.17 vs 1.35 s, benchmarks/README.md); few-row products (decode steps) read the
-    weights from memory and stay in bfloat16, which reads half the bytes."""
+    faster than its bfloat16 ones from about 64 rows on (a GRPO update of the benchmarks' tiny
+    model: 1.17 vs 1.35 s; its batch-128 rollout 7-10% faster, the small model's 16%;
+    benchmarks/README.md); products of fewer rows (decode steps of small batches) are bound
+    by reading the weights and stay in bfloat16, which reads half the bytes."""
     dtype = jnp.dtype(dtype)
     backend = jax.default_backend() if backend is None else backend
     if dtype == jnp.bfloat16 and backend == "cpu" and rows >= CPU_FLOAT32_DOT_MIN_ROWS:

@@ -27,7 +27,7 @@ import scipy.stats
 from conftest import XLA_DEFAULTS
 from training_run import MODEL
 
-from ais_jax import sampler
+from ais_jax import quant, sampler
 from ais_jax.model import (
     cast_params,
     final_hidden,
@@ -233,7 +233,7 @@ def _unchunked_logprobs(params, config, prompt_BP, prompt_mask_BP, tokens_BT, ma
     return _logp_entropy_of(logits_BSV[:, P - 1 : P - 1 + T], tokens_BT, mask_BT, temp)
 
 
-def test_token_logprobs_runs_each_prompt_of_a_group_once(params):
+def test_token_logprobs_runs_each_prompt_of_a_group_once(params, monkeypatch):
     """GRPO's G responses to one prompt: given one prompt per group of G consecutive rows,
     `token_logprobs` runs each prompt through the model once (`model.response_hidden`, which
     also leaves out the last response token: its hidden state scores nothing). It equals
@@ -243,9 +243,9 @@ def test_token_logprobs_runs_each_prompt_of_a_group_once(params):
     another order: a shared prompt's gradient is summed over its group before it reaches the
     layer below; measured <= 1.6e-6, where leaving one row's share out of a prompt's gradient
     would move it by ~1 / G). In bfloat16 `response_hidden`'s hidden states are bitwise those
-    of the full rows on this model, and the gradients no farther from float32's than those of
-    every row's own prompt. XLA's flop count falls with the positions the decoder no longer
-    runs."""
+    of the full rows on this model (with the same matmul operand dtype), and the gradients no
+    farther from float32's than those of every row's own prompt. XLA's flop count falls with
+    the positions the decoder no longer runs."""
     N, G, T, temp = len(PROMPTS), 3, 10, 0.7
     B = N * G
     prompt_NP, prompt_mask_NP = sampler.pad_prompts(PROMPTS)
@@ -309,10 +309,15 @@ def test_token_logprobs_runs_each_prompt_of_a_group_once(params):
     bf16 = cast_params(params, jnp.bfloat16)
     seq_BS = jnp.concatenate([prompt_BP, tokens_BT], axis=1)
     seq_mask_BS = jnp.concatenate([prompt_mask_BP, mask_BT], axis=1)
-    full = jax.jit(lambda p: final_hidden(p, CONFIG, seq_BS, seq_mask_BS)[:, P - 1 : P - 1 + T])
-    shared = jax.jit(lambda p, *a: response_hidden(p, CONFIG, *a, tokens_BT, mask_BT))
-    np.testing.assert_array_equal(shared(bf16, prompt_NP, prompt_mask_NP), full(bf16))
-    np.testing.assert_array_equal(shared(bf16, prompt_BP, prompt_mask_BP), full(bf16))
+    # bitwise with either matmul operand dtype; `quant.dot_dtype` picks it by row count, and
+    # the full rows' matmuls (B * (P + T) = 192 rows) have more rows than the shared call's
+    for min_rows in (1, 10**9):  # float32 operands everywhere, bfloat16 everywhere
+        monkeypatch.setattr(quant, "CPU_FLOAT32_DOT_MIN_ROWS", min_rows)
+        full = jax.jit(lambda p: final_hidden(p, CONFIG, seq_BS, seq_mask_BS)[:, P - 1 : P - 1 + T])
+        shared = jax.jit(lambda p, *a: response_hidden(p, CONFIG, *a, tokens_BT, mask_BT))
+        np.testing.assert_array_equal(shared(bf16, prompt_NP, prompt_mask_NP), full(bf16))
+        np.testing.assert_array_equal(shared(bf16, prompt_BP, prompt_mask_BP), full(bf16))
+    monkeypatch.undo()
 
     def flops(fn):
         return jax.jit(fn).lower(params).compile().cost_analysis()["flops"]
