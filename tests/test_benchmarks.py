@@ -13,7 +13,11 @@ import argparse
 import importlib.util
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
+
 from ais_jax.hf import load_hf
+from ais_jax.model import init_params
 
 BENCHMARKS = Path(__file__).parent.parent / "benchmarks"
 
@@ -73,3 +77,38 @@ def test_grpo_step_rounds_report_each_round_and_the_median(capsys):
     assert rows["2"] == ["1.50x", "1.00x"]
     assert rows["3"] == ["1.50x", "1.50x"]
     assert rows["median"] == ["1.50x", "1.50x"]
+
+
+def test_dot_dtype_compiles_each_threshold_and_compares_with_the_first(capsys):
+    """benchmarks/dot_dtype.py traces each `quant.CPU_FLOAT32_DOT_MIN_ROWS` in its own
+    program (the constant is read at trace time, and restored after), and reports each one's
+    speed-up and outputs against the first threshold's."""
+    from ais_jax import quant
+
+    dot_dtype = _module("dot_dtype")
+    saved = quant.CPU_FLOAT32_DOT_MIN_ROWS
+    dot_dtype.main(
+        "--sizes tiny --batches 8 --new-tokens 3 --rounds 1 --min-rows 4096,4096,1".split()
+    )
+    assert quant.CPU_FLOAT32_DOT_MIN_ROWS == saved
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("CPU: ")
+    cells = [c.strip() for c in lines[-1].split("|")[1:-1]]
+    assert cells[:2] == ["tiny", "8"]
+    assert all(float(c) > 0 for c in cells[2:5])  # seconds per call, one per threshold
+    assert cells[5].endswith("x") and cells[6].endswith("x")
+    same, diff = cells[7].split(", "), [float(d) for d in cells[8].split(", ")]
+    assert same[0] == "True" and diff[0] == 0.0  # the same threshold: the same program's output
+    assert diff[1] < 1e-2  # float32 operands: the same products summed in another order
+
+    config = dot_dtype.CONFIGS["tiny"]()
+    params = init_params(config, jax.random.key(0), jnp.bfloat16)
+    prompts = jnp.ones((8, 32), jnp.int32)
+    for min_rows, operand in ((9, "bf16"), (8, "f32")):  # a decode step multiplies 8 rows
+        lowered, _ = dot_dtype.lower_generate(
+            params, config, prompts, min_rows, new_tokens=2, group=8
+        )
+        dots = [ln.split(":")[-1] for ln in lowered.as_text().splitlines() if "dot_general" in ln]
+        decode = [d for d in dots if d.startswith(" (tensor<8x1x")]  # the weight matmuls
+        assert len(decode) == 29  # 7 per layer and the LM head
+        assert all(d.split("->")[0].count(f"x{operand}>") == 2 for d in decode), decode
