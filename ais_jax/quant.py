@@ -187,8 +187,8 @@ def quantize_activation(
 
 
 # From this many rows (tokens) on, XLA:CPU multiplies bfloat16 operands as float32 (`dot_dtype`):
-# a batch-128 decode step upcasts, a batch-8 or batch-32 one does not (benchmarks/README.md).
-CPU_FLOAT32_DOT_MIN_ROWS = 128
+# training-sized products upcast; decode steps and the tiny experiments' updates do not.
+CPU_FLOAT32_DOT_MIN_ROWS = 4096
 
 
 def dot_dtype(dtype, rows: int, backend: str | None = None) -> jnp.dtype:
@@ -200,9 +200,16 @@ def dot_dtype(dtype, rows: int, backend: str | None = None) -> jnp.dtype:
     bfloat16 dot already multiplies float32 cotangents by the operands upcast, and rounds the
     gradients to bfloat16, as the casts' transposes do here). XLA:CPU's float32 GEMMs are
     faster than its bfloat16 ones from about 64 rows on (a GRPO update of the benchmarks' tiny
-    model: 1.17 vs 1.35 s; its batch-128 rollout 7-10% faster, the small model's 16%;
-    benchmarks/README.md); products of fewer rows (decode steps of small batches) are bound
-    by reading the weights and stay in bfloat16, which reads half the bytes."""
+    model: 1.17 vs 1.35 s). Yet the threshold stays at 4096 rows, above a GRPO batch's decode
+    step: another summation order is another bf16 rounding now and then, and a BF16 rollout
+    is the trainer's policy bitwise only while its decode steps and the trainer's re-score
+    run the same kind of kernel. From 128 rows on, batch-128 bf16 rollouts ran 1.15x (tiny),
+    1.24x (small) and 1.15x (Qwen3-0.6B) faster (`benchmarks/dot_dtype.py`), but the BF16
+    arm's rollout-vs-trainer mismatch on `configs/compare.yaml` rose from 0-4e-8 to 1.2e-4
+    nats per token: the experiments' control arm has to stay on-policy
+    (`test_bf16_rollout_of_a_grpo_batch_is_the_trainers_policy`). Runs whose re-score or
+    update reaches 4096 rows (128 responses of 32 tokens or more) still mix the two kernels,
+    so their BF16 rollouts are on-policy to float32 summation order only."""
     dtype = jnp.dtype(dtype)
     backend = jax.default_backend() if backend is None else backend
     if dtype == jnp.bfloat16 and backend == "cpu" and rows >= CPU_FLOAT32_DOT_MIN_ROWS:
