@@ -13,6 +13,10 @@ call and each threshold's speed-up over the first. It also says whether the samp
 came out equal (another summation order may flip a near-tie of the Gumbel draw, after which
 the rows differ) and how far the first step's log-probs moved.
 
+The library keeps 4096: below a GRPO batch's decode rows the rollout and the trainer's
+re-score run different kernels and the BF16 arm stops being on-policy bit for bit
+(benchmarks/README.md, "Float32 operands from 128 rows").
+
     python benchmarks/dot_dtype.py                                       # tiny and small, b128
     python benchmarks/dot_dtype.py --sizes qwen3-0.6b --batches 8,32,128 --new-tokens 32 --rounds 2
 """
