@@ -11,7 +11,10 @@ vocabulary) under each threshold of ``--min-rows``. Every program is compiled in
 process and the calls alternate, ``--rounds`` times; the report gives the median seconds per
 call and each threshold's speed-up over the first. It also says whether the sampled tokens
 came out equal (another summation order may flip a near-tie of the Gumbel draw, after which
-the rows differ) and how far the first step's log-probs moved.
+the rows differ), how far the first step's log-probs moved, and, per threshold, how far the
+rollout's log-probs are from the trainer's re-score of its own tokens under that threshold
+(`sampler.token_logprobs` with one prompt per group, the update's path): 0 means the BF16
+rollout is the trainer's policy bit for bit.
 
 The library keeps 4096: below a GRPO batch's decode rows the rollout and the trainer's
 re-score run different kernels and the BF16 arm stops being on-policy bit for bit
@@ -82,6 +85,24 @@ def lower_generate(params, config, prompts, min_rows: int, *, new_tokens: int, g
     return lowered, args
 
 
+def rescore_gap(params, config, prompts_NP, rollout, min_rows: int) -> float:
+    """Max |rollout log-prob - the trainer's re-score| over the sampled tokens, with the
+    re-score traced under ``quant.CPU_FLOAT32_DOT_MIN_ROWS = min_rows`` (a fresh `jax.jit`)."""
+    rescore = jax.jit(lambda params, *args: sampler.token_logprobs(params, config, *args))
+    saved = quant.CPU_FLOAT32_DOT_MIN_ROWS
+    quant.CPU_FLOAT32_DOT_MIN_ROWS = min_rows
+    try:
+        lowered = rescore.lower(
+            params, prompts_NP, jnp.ones(prompts_NP.shape, bool), rollout.tokens, rollout.mask
+        )
+    finally:
+        quant.CPU_FLOAT32_DOT_MIN_ROWS = saved
+    logp = lowered.compile()(
+        params, prompts_NP, jnp.ones(prompts_NP.shape, bool), rollout.tokens, rollout.mask
+    )
+    return float(jnp.max(jnp.where(rollout.mask, jnp.abs(logp - rollout.logp_plain), 0.0)))
+
+
 def run(size: str, batch: int, args) -> dict:
     """Median seconds per call for each threshold, alternating calls, and the outputs' match."""
     config = CONFIGS[size]()
@@ -112,6 +133,10 @@ def run(size: str, batch: int, args) -> dict:
     first = args.min_rows[0]
     base = outputs[first]
     row = {"size": size, "batch": batch, "median_s": {}, "equal_tokens": {}, "logp0_diff": {}}
+    row["rescore_gap"] = {
+        m: rescore_gap(params, config, jnp.asarray(prompts_NP, jnp.int32), outputs[m], m)
+        for m in programs
+    }
     for m in programs:
         row["median_s"][m] = statistics.median(times[m])
         row["equal_tokens"][m] = bool(jnp.all(outputs[m].tokens == base.tokens))
@@ -124,6 +149,7 @@ def report(rows: list[dict], min_rows: list[int]) -> str:
     first = min_rows[0]
     head = ["size", "batch"] + [f"from {m} rows s" for m in min_rows]
     head += [f"{first} / {m}" for m in min_rows[1:]] + ["same tokens", "step-1 logp max diff"]
+    head += ["rollout vs re-score max diff"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         med = row["median_s"]
@@ -131,6 +157,7 @@ def report(rows: list[dict], min_rows: list[int]) -> str:
         cells += [f"{med[first] / med[m]:.2f}x" for m in min_rows[1:]]
         cells.append(", ".join(str(row["equal_tokens"][m]) for m in min_rows[1:]))
         cells.append(", ".join(f"{row['logp0_diff'][m]:.2g}" for m in min_rows[1:]))
+        cells.append(", ".join(f"{row['rescore_gap'][m]:.2g}" for m in min_rows))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
