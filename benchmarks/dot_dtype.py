@@ -27,6 +27,7 @@ re-score run different kernels and the BF16 arm stops being on-policy bit for bi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import os
 import statistics
@@ -60,6 +61,17 @@ def _cpu_model() -> str:
     return module.cpu_model()
 
 
+@contextlib.contextmanager
+def _threshold(min_rows: int):
+    """``quant.CPU_FLOAT32_DOT_MIN_ROWS = min_rows`` while tracing, restored after."""
+    saved = quant.CPU_FLOAT32_DOT_MIN_ROWS
+    quant.CPU_FLOAT32_DOT_MIN_ROWS = min_rows
+    try:
+        yield
+    finally:
+        quant.CPU_FLOAT32_DOT_MIN_ROWS = saved
+
+
 def lower_generate(params, config, prompts, min_rows: int, *, new_tokens: int, group: int):
     """One bf16 `generate` program lowered with ``quant.CPU_FLOAT32_DOT_MIN_ROWS = min_rows``
     (read at trace time, so each threshold gets its own `jax.jit`), and its arguments."""
@@ -76,12 +88,8 @@ def lower_generate(params, config, prompts, min_rows: int, *, new_tokens: int, g
     mask = jnp.ones(prompts.shape, bool)
     args = (decode_params, prompts, mask, jax.random.key(1), jnp.float32(1.0))
     args += (jnp.int32(config.vocab_size), jnp.float32(1.0))
-    saved = quant.CPU_FLOAT32_DOT_MIN_ROWS
-    quant.CPU_FLOAT32_DOT_MIN_ROWS = min_rows
-    try:
+    with _threshold(min_rows):
         lowered = fn.lower(*args)
-    finally:
-        quant.CPU_FLOAT32_DOT_MIN_ROWS = saved
     return lowered, args
 
 
@@ -89,17 +97,10 @@ def rescore_gap(params, config, prompts_NP, rollout, min_rows: int) -> float:
     """Max |rollout log-prob - the trainer's re-score| over the sampled tokens, with the
     re-score traced under ``quant.CPU_FLOAT32_DOT_MIN_ROWS = min_rows`` (a fresh `jax.jit`)."""
     rescore = jax.jit(lambda params, *args: sampler.token_logprobs(params, config, *args))
-    saved = quant.CPU_FLOAT32_DOT_MIN_ROWS
-    quant.CPU_FLOAT32_DOT_MIN_ROWS = min_rows
-    try:
-        lowered = rescore.lower(
-            params, prompts_NP, jnp.ones(prompts_NP.shape, bool), rollout.tokens, rollout.mask
-        )
-    finally:
-        quant.CPU_FLOAT32_DOT_MIN_ROWS = saved
-    logp = lowered.compile()(
-        params, prompts_NP, jnp.ones(prompts_NP.shape, bool), rollout.tokens, rollout.mask
-    )
+    args = (params, prompts_NP, jnp.ones(prompts_NP.shape, bool), rollout.tokens, rollout.mask)
+    with _threshold(min_rows):
+        lowered = rescore.lower(*args)
+    logp = lowered.compile()(*args)
     return float(jnp.max(jnp.where(rollout.mask, jnp.abs(logp - rollout.logp_plain), 0.0)))
 
 
