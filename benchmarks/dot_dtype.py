@@ -14,7 +14,10 @@ came out equal (another summation order may flip a near-tie of the Gumbel draw, 
 the rows differ), how far the first step's log-probs moved, and, per threshold, how far the
 rollout's log-probs are from the trainer's re-score of its own tokens under that threshold
 (`sampler.token_logprobs` with one prompt per group, the update's path): 0 means the BF16
-rollout is the trainer's policy bit for bit.
+rollout is the trainer's policy bit for bit. ``--excess-precision off`` compiles both programs
+with XLA's ``xla_allow_excess_precision`` off, so no fusion skips a bfloat16 rounding between
+elementwise ops (on by default in XLA; benchmarks/README.md, "Where the float32 GEMMs
+differ").
 
 The library keeps 4096: below a GRPO batch's decode rows the rollout and the trainer's
 re-score run different kernels and the BF16 arm stops being on-policy bit for bit
@@ -22,6 +25,7 @@ re-score run different kernels and the BF16 arm stops being on-policy bit for bi
 
     python benchmarks/dot_dtype.py                                       # tiny and small, b128
     python benchmarks/dot_dtype.py --sizes qwen3-0.6b --batches 8,32,128 --new-tokens 32 --rounds 2
+    python benchmarks/dot_dtype.py --sizes tiny --new-tokens 16 --excess-precision off
 """
 
 from __future__ import annotations
@@ -72,11 +76,19 @@ def _threshold(min_rows: int):
         quant.CPU_FLOAT32_DOT_MIN_ROWS = saved
 
 
-def lower_generate(params, config, prompts, min_rows: int, *, new_tokens: int, group: int):
+def xla_options(excess_precision: str) -> dict[str, bool]:
+    """The XLA options both programs compile with: none for ``"on"`` (XLA's default)."""
+    return {} if excess_precision == "on" else {"xla_allow_excess_precision": False}
+
+
+def lower_generate(
+    params, config, prompts, min_rows: int, *, new_tokens: int, group: int, extra=None
+):
     """One bf16 `generate` program lowered with ``quant.CPU_FLOAT32_DOT_MIN_ROWS = min_rows``
-    (read at trace time, so each threshold gets its own `jax.jit`), and its arguments."""
+    (read at trace time, so each threshold gets its own `jax.jit`), and its arguments;
+    ``extra`` XLA options on top of the sampler's."""
     layout = sampler.resolve_layout("auto", jnp.bfloat16)
-    options = sampler.compiler_options(layout, jnp.bfloat16, config=config)
+    options = {**sampler.compiler_options(layout, jnp.bfloat16, config=config), **(extra or {})}
     static = dict(max_new_tokens=new_tokens, eos_ids=(), pad_id=0, layout=layout)
     fn = jax.jit(
         lambda params, *args: sampler._generate(
@@ -93,15 +105,22 @@ def lower_generate(params, config, prompts, min_rows: int, *, new_tokens: int, g
     return lowered, args
 
 
-def rescore_gap(params, config, prompts_NP, rollout, min_rows: int) -> float:
-    """Max |rollout log-prob - the trainer's re-score| over the sampled tokens, with the
-    re-score traced under ``quant.CPU_FLOAT32_DOT_MIN_ROWS = min_rows`` (a fresh `jax.jit`)."""
-    rescore = jax.jit(lambda params, *args: sampler.token_logprobs(params, config, *args))
+def rescore_gap(
+    params, config, prompts_NP, rollout, min_rows: int, extra=None
+) -> tuple[float, float]:
+    """Max and mean |rollout log-prob - the trainer's re-score| over the sampled tokens, with the
+    re-score traced under ``quant.CPU_FLOAT32_DOT_MIN_ROWS = min_rows`` (a fresh `jax.jit`,
+    compiled with the XLA options ``extra``)."""
+    rescore = jax.jit(
+        lambda params, *args: sampler.token_logprobs(params, config, *args),
+        compiler_options=extra or None,
+    )
     args = (params, prompts_NP, jnp.ones(prompts_NP.shape, bool), rollout.tokens, rollout.mask)
     with _threshold(min_rows):
         lowered = rescore.lower(*args)
     logp = lowered.compile()(*args)
-    return float(jnp.max(jnp.where(rollout.mask, jnp.abs(logp - rollout.logp_plain), 0.0)))
+    gap = jnp.where(rollout.mask, jnp.abs(logp - rollout.logp_plain), 0.0)
+    return float(jnp.max(gap)), float(jnp.sum(gap) / jnp.sum(rollout.mask))
 
 
 def run(size: str, batch: int, args) -> dict:
@@ -117,9 +136,10 @@ def run(size: str, batch: int, args) -> dict:
     prompts_NP = rng.integers(0, config.vocab_size, (batch // group, PROMPT_LEN))
     prompts = jnp.asarray(np.repeat(prompts_NP, group, axis=0), jnp.int32)
     programs, outputs = {}, {}
+    extra = xla_options(args.excess_precision)
     for min_rows in args.min_rows:
         lowered, call_args = lower_generate(
-            params, config, prompts, min_rows, new_tokens=args.new_tokens, group=group
+            params, config, prompts, min_rows, new_tokens=args.new_tokens, group=group, extra=extra
         )
         programs[min_rows] = fn, call_args = lowered.compile(), call_args
         outputs[min_rows] = jax.block_until_ready(fn(*call_args))  # warm-up call
@@ -135,7 +155,7 @@ def run(size: str, batch: int, args) -> dict:
     base = outputs[first]
     row = {"size": size, "batch": batch, "median_s": {}, "equal_tokens": {}, "logp0_diff": {}}
     row["rescore_gap"] = {
-        m: rescore_gap(params, config, jnp.asarray(prompts_NP, jnp.int32), outputs[m], m)
+        m: rescore_gap(params, config, jnp.asarray(prompts_NP, jnp.int32), outputs[m], m, extra)
         for m in programs
     }
     for m in programs:
@@ -150,7 +170,7 @@ def report(rows: list[dict], min_rows: list[int]) -> str:
     first = min_rows[0]
     head = ["size", "batch"] + [f"from {m} rows s" for m in min_rows]
     head += [f"{first} / {m}" for m in min_rows[1:]] + ["same tokens", "step-1 logp max diff"]
-    head += ["rollout vs re-score max diff"]
+    head += ["rollout vs re-score max / mean diff"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         med = row["median_s"]
@@ -158,7 +178,7 @@ def report(rows: list[dict], min_rows: list[int]) -> str:
         cells += [f"{med[first] / med[m]:.2f}x" for m in min_rows[1:]]
         cells.append(", ".join(str(row["equal_tokens"][m]) for m in min_rows[1:]))
         cells.append(", ".join(f"{row['logp0_diff'][m]:.2g}" for m in min_rows[1:]))
-        cells.append(", ".join(f"{row['rescore_gap'][m]:.2g}" for m in min_rows))
+        cells.append(", ".join("{:.2g} / {:.2g}".format(*row["rescore_gap"][m]) for m in min_rows))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -171,6 +191,12 @@ def main(argv=None) -> None:
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--group", type=int, default=8, help="rows per prompt (GRPO's G)")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument(
+        "--excess-precision",
+        choices=("on", "off"),
+        default="on",
+        help="XLA's xla_allow_excess_precision for both programs (on: XLA's default)",
+    )
     args = p.parse_args(argv)
     sizes = args.sizes.split(",")
     bad = [s for s in sizes if s not in CONFIGS]
@@ -183,7 +209,7 @@ def main(argv=None) -> None:
     print(
         f"CPU: {_cpu_model()}, {os.cpu_count()} CPUs; jax {jax.__version__}; bf16 generate, "
         f"prompt {PROMPT_LEN}, {args.new_tokens} new tokens, groups of {args.group}, "
-        f"{args.rounds} rounds",
+        f"{args.rounds} rounds, XLA excess precision {args.excess_precision}",
         flush=True,
     )
     rows = []
