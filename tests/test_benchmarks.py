@@ -81,6 +81,11 @@ def test_grpo_step_rounds_report_each_round_and_the_median(capsys):
     assert rows["median"] == ["1.50x", "1.50x"]
 
 
+def _rescore_gaps(cell: str) -> list[tuple[float, float]]:
+    """dot_dtype.py's last column, ``"max / mean, max / mean, ..."``: one pair per threshold."""
+    return [tuple(float(x) for x in pair.split(" / ")) for pair in cell.split(", ")]
+
+
 def test_dot_dtype_compiles_each_threshold_and_compares_with_the_first(capsys):
     """benchmarks/dot_dtype.py traces each `quant.CPU_FLOAT32_DOT_MIN_ROWS` in its own
     program (the constant is read at trace time, and restored after), and reports each one's
@@ -103,7 +108,7 @@ def test_dot_dtype_compiles_each_threshold_and_compares_with_the_first(capsys):
     same, diff = cells[7].split(", "), [float(d) for d in cells[8].split(", ")]
     assert same[0] == "True" and diff[0] == 0.0  # the same threshold: the same program's output
     assert diff[1] < 1e-2  # float32 operands: the same products summed in another order
-    gap = [tuple(float(x) for x in d.split(" / ")) for d in cells[9].split(", ")]
+    gap = _rescore_gaps(cells[9])
     # one (max, mean) per threshold, the same program twice alike; every rollout is near its
     # re-score (batch 8, 3 tokens measured 4.8e-7 / 0; a bf16 flip at batch 128 is 1e-2,
     # test_sampler)
@@ -135,7 +140,7 @@ def test_dot_dtype_excess_precision_option_reaches_both_programs(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].endswith("XLA excess precision off")
     cells = [c.strip() for c in lines[-1].split("|")[1:-1]]
-    gap = [tuple(float(x) for x in d.split(" / ")) for d in cells[-1].split(", ")]
+    gap = _rescore_gaps(cells[-1])
     assert len(gap) == 2 and all(0 <= mean <= worst < 1e-5 for worst, mean in gap), gap
 
     bogus = {"xla_no_such_option_for_this_test": True}
