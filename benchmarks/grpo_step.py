@@ -20,6 +20,11 @@ Engines (each in its own subprocess and interpreter, on CPU; peers in their own 
   update with no correction, for the AIS correction's share of the step, and ``own prompts``
   (prompt_group 1 in the rollout and `Batch.prompt_group` = 1: every row's prefill and update
   forward run its own copy of its prompt, as before prompts were shared).
+  ``--ais-cpu-devices 1,2`` adds a row per count N > 1, ``ais_jax-bf16 2 CPU devices``: the
+  same program with the host CPU split into N JAX devices (``jax_num_cpu_devices``, as
+  ``JAX_NUM_CPU_DEVICES=N`` does for ``ais-jax train``), over which `make_phases`' default mesh
+  (data = all devices) shards the batch, so N copies of each phase's program run side by side
+  on N slices of the rows (the params replicated, the gradients summed across devices).
 - ``trl``: `trl.GRPOTrainer` (float32, transformers `generate`, no vLLM; ``min_new_tokens`` = 64),
   over a word-level tokenizer whose words are the ids. *rollout* is `generate`; *update* the
   rest of the step (TRL's own scoring of nothing: on-policy it takes logp_old = detached
@@ -45,6 +50,7 @@ drops out of its loss) and, like TRL, computes no rollout log-probs or AIS diagn
     python benchmarks/grpo_step.py --sizes tiny --engines ais_jax-bf16,trl,tunix --steps 3
     python benchmarks/grpo_step.py --sizes tiny --engines ais_jax-bf16 --decode-layout out_in
     python benchmarks/grpo_step.py --sizes tiny --rounds 3  # every engine 3 times: ratios per round
+    python benchmarks/grpo_step.py --sizes tiny --ais-cpu-devices 1,2  # + ais_jax on 2 CPU devices
 """
 
 from __future__ import annotations
@@ -103,6 +109,9 @@ def worker_ais_jax(a) -> dict:
     import jax
     import jax.numpy as jnp
     import numpy as np
+
+    if a.cpu_devices > 1:  # before JAX starts its backend (it raises if it already has)
+        jax.config.update("jax_num_cpu_devices", a.cpu_devices)
 
     from ais_jax import grpo, heap, sampler, train
     from ais_jax.config import CorrectionConfig, OptimConfig, RolloutConfig, TrainConfig
@@ -188,6 +197,8 @@ def worker_ais_jax(a) -> dict:
     )
     if a.decode_layout != "auto":
         result["version"] += f", decode layout {a.decode_layout}"
+    if jax.device_count() > 1:
+        result["version"] += f", {jax.device_count()} CPU devices (mesh {dict(mesh.shape)})"
     return result
 
 
@@ -543,6 +554,14 @@ def report_rounds(size: str, rounds: list[dict[str, dict]]) -> None:
     _sampler_bench().print_table(rows, header)
 
 
+def parse_cpu_devices(text: str) -> list[int]:
+    """``--ais-cpu-devices``: the distinct counts, ascending (each a positive integer)."""
+    items = [s.strip() for s in text.split(",") if s.strip()]
+    if not items or not all(s.isdigit() and int(s) >= 1 for s in items):
+        raise SystemExit(f"--ais-cpu-devices: {text!r} must be positive integers, e.g. 1,2")
+    return sorted(set(map(int, items)))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", default="tiny,small")
@@ -572,6 +591,12 @@ def main() -> None:
         default="auto",
         help="ais_jax: the rollout's decode layout (sampler.DECODE_LAYOUTS; auto: default_layout)",
     )
+    p.add_argument(
+        "--ais-cpu-devices",
+        default="1",
+        help="ais_jax: comma-separated JAX CPU device counts, one row each (1: the default "
+        "single device; N > 1: the batch sharded over N devices, e.g. 1,2)",
+    )
     p.add_argument("--trl-python", default=str(PEER_ROOT / "trl-venv/bin/python"))
     p.add_argument("--tunix-python", default=str(PEER_ROOT / "tunix-venv/bin/python"))
     p.add_argument("--verbose", action="store_true")
@@ -584,9 +609,11 @@ def main() -> None:
     p.add_argument("--score", action="store_true")
     p.add_argument("--cost", action="store_true")
     p.add_argument("--own-prompts", action="store_true", help="every row runs its own prompt")
+    p.add_argument("--cpu-devices", type=int, default=1, help="JAX CPU devices of the worker")
     args = p.parse_args()
     if args.worker:
         return run_worker(args)
+    cpu_devices = parse_cpu_devices(args.ais_cpu_devices)
 
     cpu = f"{_sampler_bench().cpu_model()}, {os.cpu_count()} cores"
     print(f"CPU: {cpu}; python {sys.version.split()[0]}")
@@ -601,7 +628,10 @@ def main() -> None:
             runs = {}
             for engine in engines:
                 if engine.startswith("ais_jax"):
-                    runs[engine] = dict(engine=engine, cost=engine == "ais_jax-bf16")
+                    for i, n in enumerate(cpu_devices):
+                        name = engine if n == 1 else f"{engine} {n} CPU devices"
+                        cost = i == 0 and engine == "ais_jax-bf16"
+                        runs[name] = dict(engine=engine, cost=cost, cpu_devices=n)
                     if args.ais_variants and engine == "ais_jax-bf16":
                         runs[f"{engine} +score"] = dict(engine=engine, score=True)
                         runs[f"{engine} none"] = dict(engine=engine, correction="none")

@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import jax
@@ -38,6 +42,27 @@ def test_grpo_step_writes_the_checkpoint_it_times(tmp_path):
     config, _ = load_hf(tmp_path)
     shape = grpo_step._sampler_bench().SIZES["tiny"]
     assert {k: getattr(config, k) for k in shape} == shape
+
+
+def test_grpo_step_ais_jax_rows_on_two_cpu_devices(tmp_path):
+    """``--ais-cpu-devices 1,2`` adds a row whose worker splits the host CPU into two JAX devices
+    before its backend starts, and `make_phases`' default mesh then shards the batch over both:
+    one real GRPO step (rollout, update) runs there and says so in its version column."""
+    grpo_step = _module("grpo_step")
+    assert grpo_step.parse_cpu_devices("2, 1,2") == [1, 2]
+    for bad in ("0", "1,x", ""):
+        with pytest.raises(SystemExit, match="--ais-cpu-devices"):
+            grpo_step.parse_cpu_devices(bad)
+    made = grpo_step.worker_ckpt(argparse.Namespace(size="tiny", seed=0, ckpt=str(tmp_path)))
+    assert "error" not in made, made
+    cmd = [sys.executable, str(BENCHMARKS / "grpo_step.py"), "--worker", "ais_jax"]
+    cmd += ["--ckpt", str(tmp_path), "--cpu-devices", "2", "--steps", "1", "--warmup", "0"]
+    env = dict(os.environ, PYTHONPATH=str(BENCHMARKS.parent), JAX_PLATFORMS="cpu")
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600).stdout
+    result = json.loads(out.split(grpo_step.RESULT_TAG, 1)[1])
+    assert "error" not in result, result
+    assert "2 CPU devices (mesh {'data': 2, 'fsdp': 1, 'tensor': 1})" in result["version"]
+    assert result["step"] > 0 and len(result["steps_s"]) == 1
 
 
 def test_grpo_step_report_compares_with_the_faster_peer(capsys):
