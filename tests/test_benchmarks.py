@@ -13,6 +13,7 @@ import argparse
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -180,3 +181,21 @@ def test_dot_dtype_excess_precision_option_reaches_both_programs(capsys):
     rollout = sampler.generate(params, config, prompts, jax.random.key(0), max_new_tokens=2)
     with pytest.raises(jax.errors.JaxRuntimeError, match="xla_no_such_option_for_this_test"):
         dot_dtype.rescore_gap(params, config, prompts[:1], rollout, 4096, bogus)
+
+
+def test_decode_floor_times_the_call_and_its_matmuls(capsys, monkeypatch):
+    """benchmarks/decode_floor.py: the whole `generate` call, the prefill's and a decode step's
+    matmuls, and their floor (prefill + (N - 1) steps), each line with a positive time."""
+    argv = ["decode_floor.py", "--preset", "tiny", "--batch", "2", "--prompt", "4"]
+    monkeypatch.setattr(sys, "argv", argv + ["--new-tokens", "3", "--rounds", "1"])
+    _module("decode_floor").main()
+    out = capsys.readouterr().out
+    seconds = {}
+    for line in out.splitlines():
+        for name in ("prefill matmuls", "decode-step matmuls", "floor:", "whole call"):
+            if line.strip().startswith(name):
+                seconds[name] = float(re.search(r"([0-9.]+) s(\s|$)", line).group(1))
+    assert set(seconds) == {"prefill matmuls", "decode-step matmuls", "floor:", "whole call"}, out
+    assert min(seconds.values()) > 0
+    floor = seconds["prefill matmuls"] + 2 * seconds["decode-step matmuls"]
+    assert seconds["floor:"] == pytest.approx(floor, abs=2.5e-3)  # 3 new tokens: 2 decode steps
