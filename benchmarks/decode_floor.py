@@ -127,10 +127,10 @@ def main() -> None:
     print(f"jax {jax.__version__}; layout {layout.name}, compiler options {options}")
     print(f"{a.preset} {a.dtype}, batch {B}, prompt {P}, {N} new tokens; medians of {a.rounds}:")
     prefill, step = s["prefill"], s["decode step"]
-    print(f"  prefill matmuls     {prefill:8.3f} s  ({flops_prefill / prefill / 1e9:.1f} GFLOP/s)")
-    print(f"  decode-step matmuls {step:8.3f} s  ({flops_step / step / 1e9:.1f} GFLOP/s)")
-    print(f"  floor: prefill + {N - 1} steps {floor:8.3f} s")
-    print(f"  whole call          {s['call']:8.3f} s  (floor / call {floor / s['call']:.2f})")
+    print(f"  prefill matmuls     {prefill:.4g} s  ({flops_prefill / prefill / 1e9:.1f} GFLOP/s)")
+    print(f"  decode-step matmuls {step:.4g} s  ({flops_step / step / 1e9:.1f} GFLOP/s)")
+    print(f"  floor: prefill + {N - 1} steps {floor:.4g} s")
+    print(f"  whole call          {s['call']:.4g} s  (floor / call {floor / s['call']:.2f})")
     print(f"  each round's call: {[round(t, 3) for t in times['call']]}")
 
 
