@@ -37,12 +37,39 @@ _flags = os.environ.get("XLA_FLAGS", "")
 _added = [flag for name, flag in _FAST_FLAGS.items() if name not in _flags]
 os.environ["XLA_FLAGS"] = " ".join([_flags, *_added]).strip()
 
+import contextlib  # noqa: E402
 import json  # noqa: E402
 import shutil  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
+
+
+@contextlib.contextmanager
+def count_compiles(name: str):
+    """The XLA compiles of a jitted function named ``name`` inside the block, as a list that
+    grows by one per compile (JAX's backend-compile events, whose ``fun_name`` is ``jit(name)``).
+
+    Tests of "this does not recompile" count compiles, not ``jitted._cache_size()``: every jit
+    with options (static arguments, compiler options) shares one least-recently-used table of
+    compiled programs (8,192 entries), which a whole suite fills, and then each new entry evicts
+    an old one, sometimes of the same function, so the size stops growing with compiles."""
+    names = {name, f"jit({name})"}
+    compiles: list[str] = []
+
+    def listener(event: str, duration_secs: float, **kwargs) -> None:
+        if (
+            event == "/jax/core/compile/backend_compile_duration"
+            and kwargs.get("fun_name") in names
+        ):
+            compiles.append(kwargs["fun_name"])
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        yield compiles
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
 
 
 def default_compile_env() -> dict[str, str]:

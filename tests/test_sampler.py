@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.stats
-from conftest import XLA_DEFAULTS
+from conftest import XLA_DEFAULTS, count_compiles
 from training_run import MODEL
 
 from ais_jax import quant, sampler
@@ -825,44 +825,44 @@ def test_sampling_options_do_not_recompile(params, rollout_f32, layout):
     # compiled here, under this test's jax config (the module's fixtures are set up outside
     # conftest's per-test rank-promotion context, a different jit cache key)
     sampler.generate(params, CONFIG, PROMPTS, KEY, max_new_tokens=T, layout=layout)
-    L = sampler.resolve_layout(layout)
-    jitted = sampler._generate_jit(L, params["embed"].dtype, CONFIG)
-    compiled = jitted._cache_size()
-    for temperature, top_k, top_p in [
+    options = [
         (0.7, None, None),
         (1.3, 5, None),
         (0.5, None, 0.6),
         (1.0, 1, None),
         (2.0, V, 1.0),
         (0.9, 3, 0.5),
-    ]:
-        r = sampler.generate(
-            params,
-            CONFIG,
-            PROMPTS,
-            KEY,
-            max_new_tokens=T,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            layout=layout,
-        )
-        check_layout(r)
-        logits = np.asarray(
-            replay(params, CONFIG, r.prompt_tokens, r.prompt_mask, r.tokens, r.mask)
-        )
-        for b, t in zip(*np.nonzero(np.asarray(r.mask)), strict=True):
-            support = reference_probs(logits[b, t], temperature, top_k, top_p) > 0
-            assert support[int(r.tokens[b, t])], (temperature, top_k, top_p, b, t)
-        if top_k == 1:
-            np.testing.assert_array_equal(r.tokens, logits.argmax(-1))
-            np.testing.assert_array_equal(r.logp, 0.0)
-            np.testing.assert_allclose(
-                r.logp_plain, logp_of(logits, r.tokens, temperature), atol=1e-5, rtol=0
+    ]
+    with count_compiles("_generate") as compiles:
+        for temperature, top_k, top_p in options:
+            r = sampler.generate(
+                params,
+                CONFIG,
+                PROMPTS,
+                KEY,
+                max_new_tokens=T,
+                temperature=temperature,
+                top_k=top_k,
+                top_p=top_p,
+                layout=layout,
             )
-    assert jitted._cache_size() == compiled
-    sampler.generate(params, CONFIG, PROMPTS, KEY, max_new_tokens=T + 1, layout=layout)
-    assert jitted._cache_size() == compiled + 1
+            check_layout(r)
+            logits = np.asarray(
+                replay(params, CONFIG, r.prompt_tokens, r.prompt_mask, r.tokens, r.mask)
+            )
+            for b, t in zip(*np.nonzero(np.asarray(r.mask)), strict=True):
+                support = reference_probs(logits[b, t], temperature, top_k, top_p) > 0
+                assert support[int(r.tokens[b, t])], (temperature, top_k, top_p, b, t)
+            if top_k == 1:
+                np.testing.assert_array_equal(r.tokens, logits.argmax(-1))
+                np.testing.assert_array_equal(r.logp, 0.0)
+                np.testing.assert_allclose(
+                    r.logp_plain, logp_of(logits, r.tokens, temperature), atol=1e-5, rtol=0
+                )
+    assert compiles == []
+    with count_compiles("_generate") as compiles:
+        sampler.generate(params, CONFIG, PROMPTS, KEY, max_new_tokens=T + 1, layout=layout)
+    assert len(compiles) == 1
 
 
 # ---- argument checking -------------------------------------------------------------------------
