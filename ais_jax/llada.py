@@ -59,6 +59,7 @@ from ais_jax.model import (
     _mlp,
     attention,
     dense_params,
+    embed,
     positions_from_mask,
     rms_norm,
     rope,
@@ -355,7 +356,7 @@ def forward(
     mask_BS = jnp.ones((B, S), bool) if mask_BS is None else mask_BS.astype(bool)
     positions_BS = positions_from_mask(mask_BS)
     allowed_BSS = jnp.broadcast_to(mask_BS[:, None, :], (B, S, S))
-    x_BSD = jnp.take(params["embed"], tokens_BS, axis=0)
+    x_BSD = embed(params["embed"], tokens_BS)
     if c.input_emb_norm:
         x_BSD = x_BSD * jnp.asarray(c.hidden_size**0.5, x_BSD.dtype)
     for i in range(c.num_layers):

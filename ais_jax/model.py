@@ -142,9 +142,65 @@ def cast_params(params: Params, dtype) -> Params:
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     """RMSNorm with float32 statistics, cast back before the weight (as Hugging Face does)."""
-    x32 = x.astype(jnp.float32)
+    x32 = x.astype(F32)
     x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-    return jnp.broadcast_to(weight.astype(x.dtype), x.shape) * x32.astype(x.dtype)
+    return _scale(weight.astype(x.dtype), x32.astype(x.dtype))
+
+
+@jax.custom_vjp
+def _scale(weight_D: jax.Array, x: jax.Array) -> jax.Array:
+    """``weight_D * x`` over ``x``'s last axis, in their dtype. The weight's gradient, a sum over
+    every row, accumulates in float32 and is rounded once (see `embed`); the values and ``x``'s
+    gradient are autodiff's."""
+    return jnp.broadcast_to(weight_D, x.shape) * x
+
+
+def _scale_forward(weight_D, x):
+    return _scale(weight_D, x), (weight_D, x)
+
+
+def _scale_backward(residuals, g):
+    weight_D, x = residuals
+    rows = tuple(range(x.ndim - 1))
+    grad_D = jnp.sum(_f32(g) * _f32(x), axis=rows).astype(weight_D.dtype)
+    return grad_D, jnp.broadcast_to(weight_D, g.shape) * g
+
+
+_scale.defvjp(_scale_forward, _scale_backward)
+
+
+def _f32(a: jax.Array) -> jax.Array:
+    """``a`` in float32: exact for 16-bit ``a``. Fanned out from there (broadcast, repeated), a
+    16-bit value's gradient sums in float32 and is rounded once, where XLA would otherwise
+    sum the copies' cotangents in 16 bits and round after every addition."""
+    return a.astype(F32)
+
+
+@jax.custom_vjp
+def embed(table_VD: jax.Array, tokens: jax.Array) -> jax.Array:
+    """The rows ``table_VD[tokens]`` (the embedding lookup).
+
+    Its gradient adds the cotangents of a token's occurrences in float32 and rounds the
+    table's gradient to its dtype once. A plain `jnp.take` of a bfloat16 table scatter-adds
+    them in bfloat16, rounding after every addition: the gradient of a token seen a thousand
+    times in a batch then keeps few of its bits (tests/test_model.py). The same holds for
+    every fan-out of a 16-bit value: a norm's weight (`_scale`), a bias and a shared prompt's
+    keys and values (`_f32`) sum their gradients in float32 too.
+    """
+    return jnp.take(table_VD, tokens, axis=0)
+
+
+def _embed_forward(table_VD, tokens):
+    return embed(table_VD, tokens), (table_VD, tokens)
+
+
+def _embed_backward(residuals, g):
+    table_VD, tokens = residuals
+    grad_VD = jnp.zeros(table_VD.shape, F32).at[tokens].add(g.astype(F32))
+    return grad_VD.astype(table_VD.dtype), None
+
+
+embed.defvjp(_embed_forward, _embed_backward)
 
 
 def rope(x_BSHE: jax.Array, positions_BS: jax.Array, theta: float) -> jax.Array:
@@ -253,7 +309,9 @@ def _qkv(lp: Params, c: ModelConfig, x_BSD, positions_BS, row_mask_BS):
     v = linear(x_BSD, lp["v_proj"], row_mask=row_mask_BS)
     if c.attention_bias:
         q, k, v = (
-            a + jnp.broadcast_to(lp[f"{n}_bias"].astype(a.dtype), a.shape)
+            (_f32(a) + jnp.broadcast_to(_f32(lp[f"{n}_bias"].astype(a.dtype)), a.shape)).astype(
+                a.dtype
+            )
             for a, n in ((q, "q"), (k, "k"), (v, "v"))
         )
     q_BSHE = q.reshape(B, S, c.num_heads, c.head_dim)
@@ -415,6 +473,8 @@ def response_hidden(
     B, T = tokens_BT.shape
     G, S = rows_per_prompt(N, B), T - 1  # S response inputs: all but the last token
     share = lambda a_N: jnp.repeat(a_N, G, axis=0)  # noqa: E731  (a prompt's value, per row)
+    # a prompt's float values, per row; their gradient (the sum over the group) in float32
+    fan_out = lambda a_N: share(_f32(a_N)).astype(a_N.dtype)  # noqa: E731
     prompt_mask_NP, mask_BT = prompt_mask_NP.astype(bool), mask_BT.astype(bool)
     tokens_BS, mask_BS = tokens_BT[:, :S], mask_BT[:, :S]
     positions_NP = positions_from_mask(prompt_mask_NP)
@@ -423,8 +483,8 @@ def response_hidden(
     allowed_NPP = jnp.tril(jnp.ones((P, P), bool))[None] & prompt_mask_NP[:, None, :]
     valid_BX = jnp.concatenate([share(prompt_mask_NP), mask_BS], axis=1)  # X = P + S keys
     allowed_BSX = jnp.tril(jnp.ones((S, P + S), bool), k=P)[None] & valid_BX[:, None, :]
-    x_NPD = jnp.take(params["embed"], prompt_tokens_NP, axis=0)
-    x_BSD = jnp.take(params["embed"], tokens_BS, axis=0)
+    x_NPD = embed(params["embed"], prompt_tokens_NP)
+    x_BSD = embed(params["embed"], tokens_BS)
     for i in range(config.num_layers):
         lp, prompt_kv = _layer_params(params, i), []
 
@@ -434,7 +494,7 @@ def response_hidden(
 
         def attend_response(q_BSHE, k_BSKE, v_BSKE, prompt_kv=prompt_kv):
             k_BXKE, v_BXKE = (
-                jnp.concatenate([share(a_NPKE), a_BSKE], axis=1)
+                jnp.concatenate([fan_out(a_NPKE), a_BSKE], axis=1)
                 for a_NPKE, a_BSKE in zip(prompt_kv, (k_BSKE, v_BSKE), strict=True)
             )
             return attention(q_BSHE, *_cache_layout(k_BXKE, v_BXKE), allowed_BSX)
@@ -443,7 +503,7 @@ def response_hidden(
         if S:
             x_BSD = _layer(lp, config, x_BSD, positions_BS, mask_BS, attend_response)
     norm = lambda x: rms_norm(x, params["final_norm"], config.rms_norm_eps)  # noqa: E731
-    return jnp.concatenate([share(norm(x_NPD)[:, -1:]), norm(x_BSD)], axis=1)
+    return jnp.concatenate([fan_out(norm(x_NPD)[:, -1:]), norm(x_BSD)], axis=1)
 
 
 def check_prompt_group(group, rows: int) -> int:
@@ -485,7 +545,7 @@ def _decoder(params: Params, config: ModelConfig, tokens_BS, mask_BS) -> jax.Arr
     positions_BS = positions_from_mask(mask_BS)
     causal_SS = jnp.tril(jnp.ones((S, S), bool))
     allowed_BSS = causal_SS[None] & mask_BS[:, None, :]
-    x_BSD = jnp.take(params["embed"], tokens_BS, axis=0)
+    x_BSD = embed(params["embed"], tokens_BS)
     attend = lambda q, k, v: attention(q, *_cache_layout(k, v), allowed_BSS)  # noqa: E731
     for i in range(config.num_layers):
         x_BSD = _layer(_layer_params(params, i), config, x_BSD, positions_BS, mask_BS, attend)
@@ -597,7 +657,7 @@ def forward_cached(
     allowed_BQS = valid_BS[:, None, :] & (slot_S[None, :] <= start + jnp.arange(Q)[:, None])[None]
 
     k_cache, v_cache = list(cache.k), list(cache.v)
-    x_BQD = jnp.take(params["embed"], tokens_BQ, axis=0)
+    x_BQD = embed(params["embed"], tokens_BQ)
     for i in range(config.num_layers):
 
         def attend(q_BQHE, k_BQKE, v_BQKE, i=i):

@@ -93,6 +93,7 @@ from ais_jax.model import (
     _mlp,
     _write_kv,
     attention,
+    embed,
     head_logits,
     positions_from_mask,
     rope,
@@ -817,7 +818,7 @@ def forward(
     mask_BS = jnp.ones((B, S), bool) if mask_BS is None else mask_BS.astype(bool)
     positions_BS = positions_from_mask(mask_BS)
     allowed_BSS = jnp.tril(jnp.ones((S, S), bool))[None] & mask_BS[:, None, :]
-    x_BSD = jnp.take(params["embed"], tokens_BS, axis=0)
+    x_BSD = embed(params["embed"], tokens_BS)
     empty = init_linear_state(c, B)
     for i in range(c.num_layers):
         lp = _layer_params(params, c, i)
@@ -918,7 +919,7 @@ def forward_cached(
     slot_S = jnp.arange(S)
     allowed_BQS = valid_BS[:, None, :] & (slot_S[None, :] <= start + jnp.arange(Q)[:, None])[None]
     k_cache, v_cache, states = list(kv.k), list(kv.v), list(cache.linear)
-    x_BQD = jnp.take(params["embed"], tokens_BQ, axis=0)
+    x_BQD = embed(params["embed"], tokens_BQ)
     for i in range(c.num_layers):
         lp, j = _layer_params(params, c, i), c.kind_index[i]
         h_BQD = rms_norm(x_BQD, lp["input_norm"], c.rms_norm_eps)
