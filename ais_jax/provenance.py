@@ -33,14 +33,25 @@ PACKAGES = (
 
 @functools.cache
 def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo`` on Linux, else `platform.processor()`)."""
+    """The CPU's model name and the vector extensions its matmuls can use, e.g. ``AMD EPYC 7B13
+    (avx2, fma)`` (``/proc/cpuinfo`` on Linux, else `platform.processor()`): hosts of one model
+    name differ in them, and XLA:CPU's and PyTorch's kernels with them."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        info = Path("/proc/cpuinfo").read_text()
     except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
+        return platform.processor() or platform.machine() or "unknown"
+    return _cpu_model_from(info)
+
+
+def _cpu_model_from(cpuinfo: str) -> str:
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        name, _, value = line.partition(":")
+        fields.setdefault(name.strip(), value.strip())
+    flags = fields.get("flags", "").split()
+    simd = [f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+    name = fields.get("model name") or platform.processor() or platform.machine() or "unknown"
+    return f"{name} ({', '.join(simd) or 'no AVX2'})"
 
 
 def git_commit() -> str | None:

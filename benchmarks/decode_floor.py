@@ -25,21 +25,10 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib.util
 import os
 import statistics
 import sys
 import time
-from pathlib import Path
-
-HERE = Path(__file__).resolve().parent
-
-
-def _cpu_model() -> str:
-    spec = importlib.util.spec_from_file_location("bench_sampler", HERE / "sampler.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.cpu_model()
 
 
 def main() -> None:
@@ -123,7 +112,9 @@ def main() -> None:
     flops_prefill = 2 * B * P * cfg.num_layers * per_layer
     flops_step = 2 * B * (cfg.num_layers * per_layer + D * V)
     floor = s["prefill"] + (N - 1) * s["decode step"]
-    print(f"CPU: {_cpu_model()}, {os.cpu_count()} cores; python {sys.version.split()[0]}, ", end="")
+    from ais_jax.provenance import cpu_model
+
+    print(f"CPU: {cpu_model()}, {os.cpu_count()} cores; python {sys.version.split()[0]}, ", end="")
     print(f"jax {jax.__version__}; layout {layout.name}, compiler options {options}")
     print(f"{a.preset} {a.dtype}, batch {B}, prompt {P}, {N} new tokens; medians of {a.rounds}:")
     prefill, step = s["prefill"], s["decode step"]

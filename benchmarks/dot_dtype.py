@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import os
 import statistics
 import sys
@@ -49,6 +48,7 @@ sys.path.insert(0, str(HERE.parent))
 from ais_jax import quant, sampler  # noqa: E402
 from ais_jax.model import init_params  # noqa: E402
 from ais_jax.model_config import ModelConfig  # noqa: E402
+from ais_jax.provenance import cpu_model  # noqa: E402
 
 CONFIGS = {
     "tiny": ModelConfig.tiny,
@@ -56,13 +56,6 @@ CONFIGS = {
     "qwen3-0.6b": ModelConfig.qwen3_0p6b,
 }
 PROMPT_LEN = 32
-
-
-def _cpu_model() -> str:
-    spec = importlib.util.spec_from_file_location("bench_sampler", HERE / "sampler.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.cpu_model()
 
 
 @contextlib.contextmanager
@@ -207,7 +200,7 @@ def main(argv=None) -> None:
         p.error(f"--min-rows needs two or more positive thresholds, got {args.min_rows}")
     batches = [int(b) for b in args.batches.split(",")]
     print(
-        f"CPU: {_cpu_model()}, {os.cpu_count()} CPUs; jax {jax.__version__}; bf16 generate, "
+        f"CPU: {cpu_model()}, {os.cpu_count()} CPUs; jax {jax.__version__}; bf16 generate, "
         f"prompt {PROMPT_LEN}, {args.new_tokens} new tokens, groups of {args.group}, "
         f"{args.rounds} rounds, XLA excess precision {args.excess_precision}",
         flush=True,

@@ -493,7 +493,9 @@ def report(size: str, results: dict[str, dict]) -> None:
         "step cpu-s",
         "fastest peer step / step",
     ]
-    cpu = f"{_sampler_bench().cpu_model()}, {os.cpu_count()} cores"
+    from ais_jax.provenance import cpu_model
+
+    cpu = f"{cpu_model()}, {os.cpu_count()} cores"
     print(f"\n{size}: {ROWS} rollouts, prompt {PROMPT_LEN}, {NEW_TOKENS} new tokens; {cpu}")
     bench.print_table(rows, header)
     for name, r in ok.items():
@@ -615,7 +617,9 @@ def main() -> None:
         return run_worker(args)
     cpu_devices = parse_cpu_devices(args.ais_cpu_devices)
 
-    cpu = f"{_sampler_bench().cpu_model()}, {os.cpu_count()} cores"
+    from ais_jax.provenance import cpu_model  # in the ais_jax interpreter: main runs there
+
+    cpu = f"{cpu_model()}, {os.cpu_count()} cores"
     print(f"CPU: {cpu}; python {sys.version.split()[0]}")
     peer_python = {"trl": Path(args.trl_python), "tunix": Path(args.tunix_python)}
     engines = args.engines.split(",")

@@ -34,7 +34,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sampler import RESULT_TAG, SIZES, _prompts, _timed, cpu_model, run_child, worker_hf  # noqa: E402
+from sampler import RESULT_TAG, SIZES, _prompts, _timed, run_child, worker_hf  # noqa: E402
 
 # Qwen3 shapes of benchmarks/sampler.py's SIZES, plus the Gated DeltaNet heads of the Qwen3.5
 # shape: every 4th layer full attention (Qwen3.5's pattern), linear heads of the attention's
@@ -211,6 +211,8 @@ def main() -> None:
     args = p.parse_args()
     if args.worker:
         return run_worker(args)
+
+    from ais_jax.provenance import cpu_model
 
     print(f"CPU: {cpu_model()}; {os.cpu_count()} cores; load {os.getloadavg()[0]:.1f}")
     print(f"shape {args.size}: {SHAPES[args.size]}, dtype {args.dtype}")

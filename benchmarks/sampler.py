@@ -121,24 +121,6 @@ def shape_of(size: str, ais_src: str) -> dict:
     return {k: getattr(config, k) for k in SHAPE_KEYS}
 
 
-def cpu_model() -> str:
-    """The CPU's model name and vector extensions (from /proc/cpuinfo, else `platform`)."""
-    import platform
-
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor() or platform.machine()
-    fields = {}
-    for ln in info.splitlines():
-        name, _, value = ln.partition(":")
-        fields.setdefault(name.strip(), value.strip())
-    flags = fields.get("flags", "").split()
-    simd = [f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
-    name = fields.get("model name", platform.machine())
-    return f"{name} ({', '.join(simd) or 'no AVX2'})"
-
-
 def linear_params(s: dict) -> int:
     d, e, f = s["hidden_size"], s["head_dim"], s["intermediate_size"]
     attn = d * e * (2 * s["num_heads"] + 2 * s["num_kv_heads"])
@@ -689,6 +671,10 @@ def main() -> None:
             p.error(f"unknown {name}(s) {bad}; valid: {list(valid)}")
 
     args.shapes = {size: shape_of(size, args.ais_src) for size in sizes}
+    if args.ais_src not in sys.path:
+        sys.path.insert(0, args.ais_src)
+    from ais_jax.provenance import cpu_model  # the standard library only
+
     print(
         f"CPU: {cpu_model()}, {os.cpu_count()} CPUs; python {sys.version.split()[0]}; prompt "
         f"{PROMPT_LEN}, new tokens {args.new_tokens}, repeats {args.repeats}, rounds {args.rounds}"

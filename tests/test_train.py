@@ -183,6 +183,17 @@ def test_arm_writes_outputs(arm_run, name):
     assert prov["cpu"] and prov["python"]
 
 
+def test_cpu_model_names_the_vector_extensions():
+    """The CPU of every summary and benchmark table: its model name and the vector extensions
+    that XLA's and PyTorch's kernels choose from (hosts of one model name differ in them)."""
+    from ais_jax.provenance import _cpu_model_from
+
+    two_cores = "processor\t: 0\nmodel name\t: Fake EPYC\nflags\t\t: fpu sse2 fma avx2 avx512f\n\n"
+    two_cores += "processor\t: 1\nmodel name\t: Fake EPYC\nflags\t\t: fpu sse2 fma avx2 avx512f\n"
+    assert _cpu_model_from(two_cores) == "Fake EPYC (avx2, fma, avx512f)"
+    assert _cpu_model_from("model name : Old CPU\nflags : fpu sse2\n") == "Old CPU (no AVX2)"
+
+
 def test_runs_with_equal_settings_share_compiled_phases(tmp_path):
     """Arms and seeds of a comparison reuse one jitted program per phase: a second `Run` with
     the same settings gets the very same jitted callables (so nothing recompiles), a different
