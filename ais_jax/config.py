@@ -238,8 +238,8 @@ class RolloutConfig:
     temperature: float = 1.0
     top_k: int | None = None
     top_p: float | None = None
-    # How decode holds the weights and the value cache (`sampler.DECODE_LAYOUTS`); "auto" picks
-    # `sampler.default_layout`: "in_out_f32_values" for float32 models on CPU, else "out_in".
+    # How decode holds the weights (`sampler.DECODE_LAYOUTS`); "auto" picks
+    # `sampler.default_layout`: "out_in_columns" for float32 models on CPU, else "out_in".
     decode_layout: str = "auto"
     diffusion: DiffusionConfig = dataclasses.field(default_factory=DiffusionConfig)
 

@@ -225,10 +225,9 @@ def attention(
     the queries are laid out as ``[B, K, R * Q, E]``: each dot is then a plain batched matmul
     over ``[B, K]`` that contracts its operands' minor dimensions, which is what XLA's batched
     dots want (no per-step transpose of the cache; with Q = 1, a decode step, the query
-    transpose only moves unit axes). The result and the probabilities are rounded to ``q``'s
-    dtype (the compute dtype). Each dot takes the wider of that dtype and its cache operand's,
-    with float32 accumulation: a float32 value cache holding bfloat16 values (the sampler's on
-    CPU) gives the same products, summed in another order. Under autodiff the backward pass
+    transpose only moves unit axes). q, k and v share one dtype (the compute dtype); the dots
+    accumulate in float32, and the result and the probabilities are rounded to that dtype.
+    Under autodiff the backward pass
     recomputes the scores and probabilities from q, k and v (`recompute_in_backward`) instead
     of keeping them: ``[B, K, R * Q, S]`` float32 arrays, the largest of a training step's
     activations after the logits.
@@ -245,23 +244,15 @@ def _attention(q_BQHE, k_BKSE, v_BKES, allowed_BQS):
     K = k_BKSE.shape[1]
     R = H // K
     dtype = q_BQHE.dtype
-    key_dtype = jnp.promote_types(dtype, k_BKSE.dtype)
-    value_dtype = jnp.promote_types(dtype, v_BKES.dtype)
     q_BKME = q_BQHE.reshape(B, Q, K, R, E).transpose(0, 2, 3, 1, 4).reshape(B, K, R * Q, E)
-    scores_BKMS = jnp.einsum(
-        "bkme,bkse->bkms",
-        q_BKME.astype(key_dtype),
-        k_BKSE.astype(key_dtype),
-        preferred_element_type=F32,
-    ) * (E**-0.5)
+    scores_BKMS = jnp.einsum("bkme,bkse->bkms", q_BKME, k_BKSE, preferred_element_type=F32) * (
+        E**-0.5
+    )
     scores_BKRQS = scores_BKMS.reshape(B, K, R, Q, -1)
     scores_BKRQS = jnp.where(allowed_BQS[:, None, None], scores_BKRQS, _MASKED)
-    probs_BKRQS = jax.nn.softmax(scores_BKRQS, axis=-1).astype(dtype).astype(value_dtype)
+    probs_BKRQS = jax.nn.softmax(scores_BKRQS, axis=-1).astype(dtype)
     out_BKME = jnp.einsum(
-        "bkms,bkes->bkme",
-        probs_BKRQS.reshape(B, K, R * Q, -1),
-        v_BKES.astype(value_dtype),
-        preferred_element_type=F32,
+        "bkms,bkes->bkme", probs_BKRQS.reshape(B, K, R * Q, -1), v_BKES, preferred_element_type=F32
     )
     out_BQKRE = out_BKME.astype(dtype).reshape(B, K, R, Q, E).transpose(0, 3, 1, 2, 4)
     return out_BQKRE.reshape(B, Q, H * E)
@@ -572,21 +563,17 @@ class KVCache:
     index: jax.Array
 
 
-def init_cache(
-    config: ModelConfig, batch: int, max_len: int, dtype=jnp.bfloat16, value_dtype=None
-) -> KVCache:
-    """An empty cache of S = ``max_len`` slots per row: keys in ``dtype`` (the model's compute
-    dtype), values in ``value_dtype`` (default ``dtype``; a wider one holds the same values,
-    as `attention` rounds to the compute dtype). For a Qwen3.5 config `qwen35.init_cache`
+def init_cache(config: ModelConfig, batch: int, max_len: int, dtype=jnp.bfloat16) -> KVCache:
+    """An empty cache of S = ``max_len`` slots per row, keys and values in ``dtype`` (the
+    model's compute dtype). For a Qwen3.5 config `qwen35.init_cache`
     (a `qwen35.HybridCache`: this cache for its attention layers, a recurrent state for each
     linear-attention layer)."""
     if (family := _family(config)) is not None:
-        return family.init_cache(config, batch, max_len, dtype, value_dtype)
+        return family.init_cache(config, batch, max_len, dtype)
     L, K, E = config.num_layers, config.num_kv_heads, config.head_dim
-    value_dtype = dtype if value_dtype is None else value_dtype
     return KVCache(
         k=tuple(jnp.zeros((batch, K, max_len, E), dtype) for _ in range(L)),
-        v=tuple(jnp.zeros((batch, K, E, max_len), value_dtype) for _ in range(L)),
+        v=tuple(jnp.zeros((batch, K, E, max_len), dtype) for _ in range(L)),
         valid=jnp.zeros((batch, max_len), bool),
         next_pos=jnp.zeros((batch,), jnp.int32),
         index=jnp.zeros((), jnp.int32),

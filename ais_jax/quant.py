@@ -108,17 +108,22 @@ class QArray:
         return (self.quant.astype(jnp.float32) * scale).astype(dtype)
 
 
+# `Columns` weights multiply at most this many rows as ``(w @ x^T)^T``; more rows take the plain
+# ``x @ w^T`` (from 256 rows on XLA:CPU's plain form is the faster one; benchmarks/README.md).
+COLUMNS_MAX_ROWS = 128
+
+
 @struct.dataclass
-class InOut:
-    """A plain weight stored transposed, ``w_IO`` ``[..., I, O]`` (the model's layout is
-    ``[O, I]``). The sampler's CPU decode path uses it: XLA:CPU's skinny (few-row) matmuls read
-    this layout up to 2x faster. `linear` takes it like any weight."""
+class Columns:
+    """A plain ``[O, I]`` weight in the model's layout, marked for the sampler's CPU decode
+    path: a float32 product over at most `COLUMNS_MAX_ROWS` rows runs as ``(w @ x^T)^T``, the
+    weight on the left and the activations as ``[I, rows]`` columns. XLA:CPU's float32 GEMM
+    runs that form up to 2x faster than ``x @ w^T`` (or than ``x`` times a transposed ``[I,
+    O]`` copy) at 8-128 rows on the Qwen3-0.6B shapes (benchmarks/README.md), and it needs no
+    copy of the weight. Optimization barriers keep XLA from folding the two small transposes
+    back into the dot. Other products (more rows, 16-bit operands) are the plain ones."""
 
-    w_IO: jax.Array
-
-    @classmethod
-    def of(cls, w_OI: jax.Array) -> InOut:
-        return cls(jnp.swapaxes(w_OI, -1, -2))
+    w_OI: jax.Array
 
 
 # ---- the quantizer ----------------------------------------------------------------------------
@@ -222,7 +227,7 @@ def linear(
 ) -> jax.Array:
     """``y[..., O] = x[..., I] @ w[O, I]^T``; the one matmul of the model.
 
-    A plain array ``w`` (or `InOut`) runs on ``x.dtype`` operands (bf16 or f32 trainer path;
+    A plain array ``w`` (or `Columns`) runs on ``x.dtype`` operands (bf16 or f32 trainer path;
     held as float32 where `dot_dtype` says so) with float32 accumulation, rounded once to
     ``out_dtype``. (Asking XLA:CPU for a bf16 result directly is up to 4x slower for the same
     numbers.) A `QArray` runs the W8A8 path: ``x`` is quantized with a dynamic scale (masked
@@ -231,16 +236,27 @@ def linear(
     """
     out_dtype = out_dtype or x.dtype
     if not isinstance(w, QArray):
-        spec, w = ("...i,io->...o", w.w_IO) if isinstance(w, InOut) else ("...i,oi->...o", w)
-        dot = dot_dtype(x.dtype, x.size // x.shape[-1])
-        y = jnp.einsum(
-            spec, x.astype(dot), w.astype(x.dtype).astype(dot), preferred_element_type=F32
-        )
+        rows = x.size // x.shape[-1]
+        dot = dot_dtype(x.dtype, rows)
+        if isinstance(w, Columns):
+            if dot == F32 and rows <= COLUMNS_MAX_ROWS:
+                return columns_dot(x, w.w_OI.astype(x.dtype)).astype(out_dtype)
+            w = w.w_OI
+        w = w.astype(x.dtype).astype(dot)
+        y = jnp.einsum("...i,oi->...o", x.astype(dot), w, preferred_element_type=F32)
         return y.astype(out_dtype)
     fmt = get_format(w.fmt)
     xq, x_scale = quantize_activation(x, fmt, act_scaling=w.act_scaling, row_mask=row_mask)
     y = jnp.einsum("...i,oi->...o", xq, w.quant, preferred_element_type=jnp.float32)
     return (y * (x_scale * w.scale)).astype(out_dtype)
+
+
+def columns_dot(x: jax.Array, w_OI: jax.Array) -> jax.Array:
+    """``x[..., I] @ w_OI^T`` as ``(w_OI @ x_IR)^T`` over the R rows of ``x``: the operands in
+    their dtypes, accumulated and returned in float32 (`Columns`)."""
+    x_IR = jax.lax.optimization_barrier(x.reshape(-1, x.shape[-1]).T)
+    y_OR = jnp.matmul(w_OI, x_IR, preferred_element_type=F32)
+    return jax.lax.optimization_barrier(y_OR).T.reshape(*x.shape[:-1], w_OI.shape[0])
 
 
 # ---- whole-tree helpers --------------------------------------------------------------------

@@ -865,19 +865,16 @@ class HybridCache:
     linear: tuple[LinearState, ...]
 
 
-def init_cache(
-    config: Qwen35Config, batch: int, max_len: int, dtype=jnp.bfloat16, value_dtype=None
-) -> HybridCache:
+def init_cache(config: Qwen35Config, batch: int, max_len: int, dtype=jnp.bfloat16) -> HybridCache:
     """An empty cache (`model.init_cache`'s signature): S = ``max_len`` KV slots per row for
-    each attention layer, keys in ``dtype``, values in ``value_dtype`` (default ``dtype``), and
+    each attention layer, keys and values in ``dtype``, and
     zero float32 states (the state before any token) for each linear-attention layer."""
     c = config
     K, E = c.num_kv_heads, c.head_dim
-    value_dtype = dtype if value_dtype is None else value_dtype
     attention_layers = range(len(c.attention_layers))
     kv = KVCache(
         k=tuple(jnp.zeros((batch, K, max_len, E), dtype) for _ in attention_layers),
-        v=tuple(jnp.zeros((batch, K, E, max_len), value_dtype) for _ in attention_layers),
+        v=tuple(jnp.zeros((batch, K, E, max_len), dtype) for _ in attention_layers),
         valid=jnp.zeros((batch, max_len), bool),
         next_pos=jnp.zeros((batch,), jnp.int32),
         index=jnp.zeros((), jnp.int32),

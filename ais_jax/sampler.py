@@ -21,18 +21,18 @@ M end-of-sequence ids.
 
 Decode layouts
 --------------
-How the loop stores what it reads at every step is a static, named choice, `DecodeLayout`
+How the loop holds the weights it reads at every step is a static, named choice, `DecodeLayout`
 (``generate(..., layout=...)``; one compiled program per layout). It changes speed, not the
 distribution: every layout holds the same numbers (a dot may sum them in another order).
 
-- ``"in_out_f32_values"``: unquantized matmul weights (and the LM head) transposed once to
-  ``[in, out]`` (`quant.InOut`), 16-bit value caches stored as float32. On CPU a float32
-  model's few-row matmuls are fastest this way, with XLA's Eigen dots (`compiler_options`).
-  The default on CPU for float32 models.
-- ``"out_in"``: weights in the model's ``[out, in]`` layout (that of the FP8 GEMM and of
-  cuBLAS / TPU matmuls), the value cache in the compute dtype. The default on GPU and TPU, and
-  on CPU for 16-bit and FP8 models (XLA:CPU's bfloat16 few-row matmuls read ``[out, in]``
-  fastest).
+- ``"out_in_columns"``: unquantized matmul weights (and the LM head) in the model's ``[out,
+  in]`` layout, marked `quant.Columns`: a float32 product over at most
+  `quant.COLUMNS_MAX_ROWS` rows (every decode step of a batch up to that size) runs as ``(w @
+  x^T)^T``, which XLA:CPU's float32 GEMM runs 1.2-2x faster than ``x @ w^T`` or a transposed
+  ``[in, out]`` copy (benchmarks/README.md). The default on CPU for float32 models.
+- ``"out_in"``: the same weights, plain: every product is ``x @ w^T`` (the form of the FP8 GEMM
+  and of cuBLAS / TPU matmuls). The default on GPU and TPU, and on CPU for 16-bit and FP8
+  models (XLA:CPU's bfloat16 ``(w @ x^T)^T`` is several times slower than its ``x @ w^T``).
 
 ``layout="auto"`` (the default) is resolved by `default_layout` from `jax.default_backend()`
 and the model's compute dtype in Python, before anything is traced; both layouts run in the
@@ -86,7 +86,7 @@ from ais_jax.model import (
     unstack_layers,
 )
 from ais_jax.model_config import ModelConfig
-from ais_jax.quant import PROJECTIONS, InOut, QArray
+from ais_jax.quant import PROJECTIONS, Columns, QArray
 from ais_jax.qwen35 import Qwen35Config
 
 
@@ -255,35 +255,35 @@ def _sample(key, logits_BV, temperature, top_k, top_p):
 
 @dataclasses.dataclass(frozen=True)
 class DecodeLayout:
-    """How the decode loop stores what it reads at every step (see the module docstring).
+    """How the decode loop holds the weights it reads at every step (see the module docstring).
 
-    ``in_out_weights``: unquantized matmul weights and the LM head as `quant.InOut` ``[in,
-    out]`` copies (quantized weights keep the ``[out, in]`` layout of the FP8 GEMM);
-    ``float32_values``: a 16-bit value cache stored as float32 (keys always stay in the compute
-    dtype). Hashable: `generate` compiles one program per layout.
+    ``columns``: unquantized matmul weights and the LM head as `quant.Columns` (the model's
+    ``[out, in]`` arrays themselves, marked), whose float32 products over few rows run as
+    ``(w @ x^T)^T``; otherwise plain ``[out, in]`` arrays. Quantized weights keep the ``[out,
+    in]`` layout of the FP8 GEMM under either. Hashable: `generate` compiles one program per
+    layout.
     """
 
     name: str
-    in_out_weights: bool
-    float32_values: bool
+    columns: bool
 
 
 DECODE_LAYOUTS: dict[str, DecodeLayout] = {
     layout.name: layout
     for layout in (
-        DecodeLayout("in_out_f32_values", in_out_weights=True, float32_values=True),
-        DecodeLayout("out_in", in_out_weights=False, float32_values=False),
+        DecodeLayout("out_in_columns", columns=True),
+        DecodeLayout("out_in", columns=False),
     )
 }
 
 
 def default_layout(backend: str | None = None, dtype=jnp.bfloat16) -> str:
     """The name of the layout ``"auto"`` picks for a model computing in ``dtype`` on ``backend``
-    (default: `jax.default_backend()`): ``"in_out_f32_values"`` for float32 models on CPU,
-    else ``"out_in"``."""
+    (default: `jax.default_backend()`): ``"out_in_columns"`` for float32 models on CPU, else
+    ``"out_in"``."""
     backend = jax.default_backend() if backend is None else backend
     if backend == "cpu" and jnp.dtype(dtype) == jnp.float32:
-        return "in_out_f32_values"
+        return "out_in_columns"
     return "out_in"
 
 
@@ -302,62 +302,20 @@ def resolve_layout(layout: str | DecodeLayout = "auto", dtype=jnp.bfloat16) -> D
     return DECODE_LAYOUTS[name]
 
 
-# XLA:CPU options of the decode program (`compiler_options`).
-_NO_LOOP_HOISTING = {"xla_disable_hlo_passes": "while-loop-invariant-code-motion"}
-_EIGEN_DOTS = ("xla_cpu_experimental_ynn_fusion_type", "")  # dots to Eigen, not YNNPACK
-# The float32 MLP matrix (hidden x intermediate) from which Eigen's few-row dots beat YNNPACK's
-# on CPU: 12.6 MB (Qwen3-0.6B) and 3.1 MB (benchmarks' "small") decode faster with Eigen,
-# 0.2 MB ("tiny", in cache) slower (benchmarks/README.md).
-EIGEN_MIN_MATRIX_BYTES = 1 << 20
-
-
-def compiler_options(
-    layout: str | DecodeLayout,
-    dtype,
-    backend: str | None = None,
-    *,
-    config: ModelConfig | Qwen35Config | None = None,
-) -> dict[str, str]:
-    """The XLA options the decode program of a model (``config``; None: a large one) computing
-    in ``dtype`` compiles with under ``layout`` on ``backend`` (default:
+def compiler_options(backend: str | None = None) -> dict[str, str]:
+    """The XLA options the decode program compiles with on ``backend`` (default:
     `jax.default_backend()`); none off CPU. A caller that jits `generate` inside its own
     program passes them to its `jax.jit` (the outer program's options are the ones XLA uses).
 
-    On CPU (measured on the Qwen3-0.6B shape at batch 8, benchmarks/README.md):
-
-    - XLA's while-loop invariant code motion is off. It hoisted a transposed copy of every
-      ``[out, in]`` weight and a float32 copy of the embedding table out of the decode loop:
-      1.6x slower steps in bfloat16 (the few-row matmuls then read ``[in, out]``), and the
-      copies' memory on top of the weights.
-    - A float32 model under an ``in_out_weights`` layout runs its dots with Eigen rather than
-      YNNPACK (about 1.3x faster decode) when its MLP matrices reach `EIGEN_MIN_MATRIX_BYTES`;
-      on smaller ones, which sit in cache, YNNPACK is faster. Eigen's bfloat16 dots are
-      several times slower than YNNPACK's, so 16-bit models keep YNNPACK. Skipped where the
-      jaxlib lacks the option.
+    On CPU, XLA's while-loop invariant code motion is off. It hoisted a transposed copy of every
+    ``[out, in]`` weight and a float32 copy of the embedding table out of the decode loop: 1.6x
+    slower steps in bfloat16 on the Qwen3-0.6B shape at batch 8 (the few-row matmuls then read
+    ``[in, out]``; benchmarks/README.md), and the copies' memory on top of the weights.
     """
     backend = jax.default_backend() if backend is None else backend
     if backend != "cpu":
         return {}
-    options = dict(_NO_LOOP_HOISTING)
-    large = config is None or (
-        4 * config.hidden_size * config.intermediate_size >= EIGEN_MIN_MATRIX_BYTES
-    )
-    in_out = resolve_layout(layout, dtype).in_out_weights
-    if in_out and large and jnp.dtype(dtype) == jnp.float32 and _cpu_option_exists(*_EIGEN_DOTS):
-        name, value = _EIGEN_DOTS
-        options[name] = value
-    return options
-
-
-@functools.cache
-def _cpu_option_exists(name: str, value: str) -> bool:
-    """Whether this jaxlib's XLA accepts the debug option ``name`` (experimental flags come
-    and go between releases): one compile of a scalar program."""
-    try:
-        jax.jit(jnp.negative).lower(np.float32(1)).compile(compiler_options={name: value})
-    except jax.errors.JaxRuntimeError:  # INVALID_ARGUMENT: No such compile option
-        return False
-    return True
+    return {"xla_disable_hlo_passes": "while-loop-invariant-code-motion"}
 
 
 def decode_params(
@@ -367,47 +325,33 @@ def decode_params(
 ) -> Params:
     """The params as the decode loop reads them under ``layout``: layers unstacked
     (`model.unstack_layers`; a Qwen3.5 tree, stacked per layer kind, needs its ``config``) so
-    no step slices the stacked arrays again, and with
-    ``in_out_weights`` every unquantized matmul weight (and the LM head, a copy when tied)
-    transposed to `quant.InOut`; without it, `InOut` weights are turned back to ``[out, in]``.
-    Quantized weights keep the ``[out, in]`` layout of the FP8 GEMM.
+    no step slices the stacked arrays again, and with ``columns`` every unquantized matmul
+    weight (and the LM head, the embedding table itself when tied) marked `quant.Columns`;
+    without it, `Columns` weights are plain arrays again. Quantized weights stay as they are.
+    No weight is copied.
 
     `generate` applies it to whatever it is given (inside its jit, before the loop); applied
     twice with one layout it changes nothing. Calling it yourself once per weight sync, as
-    `quantize_fp8` is, saves that re-layout (a copy of the weights) on every later `generate`
-    call with the same weights and layout. It keeps one copy of the transposed weights alive.
+    `quantize_fp8` is, saves unstacking the layers on every later `generate` call.
     """
-    in_out = resolve_layout(layout, params["embed"].dtype).in_out_weights
+    columns = resolve_layout(layout, params["embed"].dtype).columns
     params = unstack_layers(params, config)
     layers = [
-        {name: _relayout(w, in_out) if name in PROJECTIONS else w for name, w in layer.items()}
+        {name: _relayout(w, columns) if name in PROJECTIONS else w for name, w in layer.items()}
         for layer in params["layers"]
     ]
     params = {**params, "layers": layers}
-    if in_out or "lm_head" in params:
-        params["lm_head"] = _relayout(params.get("lm_head", params["embed"]), in_out)
+    if columns or "lm_head" in params:
+        params["lm_head"] = _relayout(params.get("lm_head", params["embed"]), columns)
     return params
 
 
-def _relayout(w, in_out: bool):
-    """A matmul weight as `quant.InOut` (``in_out``) or as a plain ``[out, in]`` array;
+def _relayout(w, columns: bool):
+    """A matmul weight as `quant.Columns` (``columns``) or as a plain ``[out, in]`` array;
     quantized weights (`QArray`) as they are."""
-    if isinstance(w, QArray) or isinstance(w, InOut) == in_out:
+    if isinstance(w, QArray) or isinstance(w, Columns) == columns:
         return w
-    return InOut.of(w) if in_out else jnp.swapaxes(w.w_IO, -1, -2)
-
-
-def value_cache_dtype(dtype, layout: str | DecodeLayout = "auto") -> jnp.dtype:
-    """The value cache's dtype for a model computing in ``dtype``: the same, except float32 for
-    16-bit floats under a ``float32_values`` layout (XLA:CPU's float32 batched dots, attention's
-    probs x values, are faster than bfloat16 ones and its float32 cache-slot writes are in
-    place). The stored values are the same bfloat16 numbers (see `model.attention`); the keys
-    stay in ``dtype``, which keeps the scores' dot the trainer's (a float32 one sums in another
-    order and moved the BF16 rollout off the trainer's log-probs)."""
-    dtype = jnp.dtype(dtype)
-    if resolve_layout(layout, dtype).float32_values and dtype.itemsize < 4:
-        return jnp.dtype(jnp.float32)
-    return dtype
+    return Columns(w) if columns else w.w_OI
 
 
 # ---- the decode loop --------------------------------------------------------------------------
@@ -456,7 +400,7 @@ def _generate(
     params = decode_params(params, layout, config)  # `generate` passes the layout resolved
     dtype = params["embed"].dtype
     # the prefill: each distinct prompt once (the first row of its group), then every row's copy
-    cache = init_cache(config, B // G, P + T, dtype, value_dtype=value_cache_dtype(dtype, layout))
+    cache = init_cache(config, B // G, P + T, dtype)
     logits_B1V, cache = forward_cached(
         params, config, prompt_BP[::G], cache, prompt_mask_BP[::G], last_only=True
     )
@@ -521,12 +465,11 @@ def _generate(
 _STATIC = ("config", "max_new_tokens", "eos_ids", "pad_id", "layout", "prompt_group")
 
 
-def _generate_jit(layout: DecodeLayout, dtype, config=None, traced: bool = False) -> Callable:
-    """`_generate` jitted with the `compiler_options` of ``layout``, ``dtype`` and ``config`` on
-    the default backend (one jitted function, and so one compile cache, per set of options);
-    with none when ``traced`` (inside another transform's trace, where only the outermost
-    `jax.jit` may carry options)."""
-    options = {} if traced else compiler_options(layout, dtype, config=config)
+def _generate_jit(traced: bool = False) -> Callable:
+    """`_generate` jitted with the `compiler_options` of the default backend (one jitted
+    function, and so one compile cache, per set of options); with none when ``traced`` (inside
+    another transform's trace, where only the outermost `jax.jit` may carry options)."""
+    options = {} if traced else compiler_options()
     return _jit_with(tuple(sorted(options.items())))
 
 
@@ -591,7 +534,7 @@ def generate(
             f"model's context (max_position_embeddings={config.max_position_embeddings})."
         )
     traced = any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((params, prompts, key)))
-    return _generate_jit(layout, dtype, config, traced)(
+    return _generate_jit(traced)(
         params,
         config,
         prompts,

@@ -550,7 +550,7 @@ def _generate_phase(
         )
 
     rows, rep = shd.batch_sharding(mesh), shd.replicated(mesh)
-    options = sampler.compiler_options(layout, copy["embed"].dtype, config=config)
+    options = sampler.compiler_options()
     return jax.jit(
         rollout_fn,
         in_shardings=(shd.param_shardings(copy, mesh, shd.ROLLOUT), rows, rows, rep, rep, rep, rep),

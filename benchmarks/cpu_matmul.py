@@ -1,14 +1,16 @@
 """Few-row matmuls on XLA:CPU: which weight layout the sampler's decode loop should read.
 
 Times ``x[B, I] @ W`` for the weight shapes of a benchmark model (sampler.py's "small", or the
-Qwen3-0.6B shape) in three forms, side by side in one process:
+Qwen3-0.6B shape) in four forms, side by side in one process:
 
 - ``[O,I] bf16-out``: the Hugging Face ``[out, in]`` layout, result requested in the operand
   dtype (``preferred_element_type`` = operand dtype; what `quant.linear` used to do);
 - ``[O,I] f32-acc``: the same layout, float32 result, then cast (what `quant.linear` does; the
   ``out_in`` decode layout, the GPU/TPU default);
-- ``[I,O] f32-acc``: the weight transposed once to ``[in, out]`` (`quant.InOut`, the
-  ``in_out_f32_values`` decode layout, the CPU default).
+- ``[I,O] f32-acc``: the weight transposed once to ``[in, out]`` (the CPU float32 default
+  until 2026-12-03, when it was dropped);
+- ``columns``: ``(W[O,I] @ x^T)^T``, float32 result, then cast (`quant.columns_dot`, the
+  ``out_in_columns`` decode layout, the CPU default for float32 models).
 
 Each form runs over ``--copies`` distinct weights per call (default: the model's layer count),
 so the weights stream from memory as in a decode step instead of sitting in cache; the time is
@@ -28,6 +30,8 @@ import time
 
 import jax
 import jax.numpy as jnp
+
+from ais_jax import provenance, quant
 
 SHAPES = {  # size -> (layer count, {name: (out, in)}); the LM head is one matrix per step
     "small": (
@@ -66,6 +70,10 @@ def io_f32_acc(x, w_IO):
     return jnp.einsum("bi,io->bo", x, w_IO, preferred_element_type=jnp.float32).astype(x.dtype)
 
 
+def columns(x, w_OI):
+    return quant.columns_dot(x, w_OI).astype(x.dtype)
+
+
 def best_ms(matmul, x, weights, *, repeats: int) -> float:
     """Best-of-3 time per matmul (ms) of ``matmul(x, w)`` over every ``w`` of ``weights``."""
     fn = jax.jit(lambda x, ws: [matmul(x, w) for w in ws])
@@ -89,10 +97,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     layers, shapes = SHAPES[args.size]
-    print(f"jax {jax.__version__}, {jax.devices()[0].platform}; best ms per matmul (GB/s)")
+    print(f"{provenance.cpu_model()}, jax {jax.__version__}, {jax.devices()[0].platform}")
+    print("best ms per matmul (GB/s of weight read)")
     print(
         f"{'dtype':6} {'B':>3} {'weight':13} {'[O,I] bf16-out':>16} {'[O,I] f32-acc':>16} "
-        f"{'[I,O] f32-acc':>16}"
+        f"{'[I,O] f32-acc':>16} {'columns':>16}"
     )
     for dtype in (DTYPES[d] for d in args.dtypes.split(",")):
         for batch in (int(b) for b in args.batches.split(",")):
@@ -107,6 +116,7 @@ def main() -> None:
                     best_ms(oi_native, x, w_oi, repeats=args.repeats),
                     best_ms(oi_f32_acc, x, w_oi, repeats=args.repeats),
                     best_ms(io_f32_acc, x, w_io, repeats=args.repeats),
+                    best_ms(columns, x, w_oi, repeats=args.repeats),
                 ]
                 cells = " ".join(f"{t:8.3f} ({nbytes / t / 1e6:4.1f})" for t in times)
                 print(f"{jnp.dtype(dtype).name:6} {batch:>3} {name:13} {cells}", flush=True)

@@ -10,12 +10,14 @@ and N new tokens, one process times in turn, ``--rounds`` times:
 3. one decode step's weight matmuls alone: B rows through the same, plus the LM head over the
    whole vocabulary.
 
-(2) and (3) are each one jitted program of independent dots on ``[in, out]`` weights of the
-model's dtype, compiled with the decode program's own options (`sampler.compiler_options`, so
-the same dot backend). Their sum, (2) + (N - 1) x (3), is the *floor*: what the call would
-take if everything else (attention, norms, rope, the draw, cache writes) were free. A call
-must come in at ``peer_s / R`` to be R x a peer that takes ``peer_s``; if the floor is above
-that, no change outside the matmuls reaches R.
+(2) and (3) are each one jitted program of independent `quant.linear` products on ``[out,
+in]`` weights of the model's dtype, held as the default decode layout holds them
+(`quant.Columns` for float32 on CPU, so each product takes the decode loop's form for its row
+count), compiled with the decode program's own options (`sampler.compiler_options`). Their
+sum, (2) + (N - 1) x (3), is the *floor*: what the call would take if everything else
+(attention, norms, rope, the draw, cache writes) were free. A call must come in at ``peer_s /
+R`` to be R x a peer that takes ``peer_s``; if the floor is above that, no change outside the
+matmuls reaches R.
 
     python benchmarks/decode_floor.py                      # Qwen3-0.6B, b32, f32, 32 new tokens
     python benchmarks/decode_floor.py --batch 8 --dtype bf16
@@ -48,6 +50,7 @@ def main() -> None:
     from ais_jax import sampler
     from ais_jax.model import init_params
     from ais_jax.model_config import ModelConfig
+    from ais_jax.quant import Columns, linear
 
     if not hasattr(ModelConfig, a.preset):
         raise SystemExit(f"--preset {a.preset!r}: not a ModelConfig preset (e.g. qwen3_0p6b)")
@@ -58,26 +61,31 @@ def main() -> None:
     Q, KV = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     shapes = [(D, Q), (D, KV), (D, KV), (Q, D), (D, F), (D, F), (F, D)]  # q k v o gate up down
     layout = sampler.resolve_layout("auto", dtype)
-    options = sampler.compiler_options(layout, dtype, config=cfg) or None
+    options = sampler.compiler_options() or None
 
-    def normal(i, shape):
-        return (jax.random.normal(jax.random.key(i), shape, jnp.float32) * 0.02).astype(dtype)
+    def weight(i, shape):  # [out, in], as the layout holds it
+        w = jax.random.normal(jax.random.key(i), shape[::-1], jnp.float32) * 0.02
+        return Columns(w.astype(dtype)) if layout.columns else w.astype(dtype)
 
-    weights = [[normal(7 * i + j, s) for j, s in enumerate(shapes)] for i in range(cfg.num_layers)]
-    head = normal(-1, (D, V))
+    weights = [[weight(7 * i + j, s) for j, s in enumerate(shapes)] for i in range(cfg.num_layers)]
+    head = weight(-1, (D, V))
 
     def matmuls(weights, head, x, x_q, x_f, with_head):
         out = []
         for w in weights:
-            out += [x @ w[0], x @ w[1], x @ w[2], x_q @ w[3], x @ w[4], x @ w[5], x_f @ w[6]]
+            xs = (x, x, x, x_q, x, x, x_f)
+            out += [
+                linear(x_in, w_j, out_dtype=jnp.float32) for x_in, w_j in zip(xs, w, strict=True)
+            ]
         if with_head:
-            out.append(x[:B] @ head)
+            out.append(linear(x[:B], head, out_dtype=jnp.float32))
         return [o.sum() for o in out]  # every dot runs; only scalars come back
 
     matmuls = jax.jit(matmuls, static_argnums=5, compiler_options=options)
 
     def rows(m):
-        return [normal(10_000 + m + i, (m, n)) for i, n in enumerate((D, Q, F))]
+        keys = (jax.random.key(10_000 + m + i) for i in range(3))
+        return [jax.random.normal(k, (m, n), dtype) for k, n in zip(keys, (D, Q, F), strict=True)]
 
     decode_rows, prefill_rows = rows(B), rows(B * P)
     params = init_params(cfg, jax.random.key(0), jnp.float32)

@@ -81,7 +81,7 @@ def lower_generate(
     (read at trace time, so each threshold gets its own `jax.jit`), and its arguments;
     ``extra`` XLA options on top of the sampler's."""
     layout = sampler.resolve_layout("auto", jnp.bfloat16)
-    options = {**sampler.compiler_options(layout, jnp.bfloat16, config=config), **(extra or {})}
+    options = {**sampler.compiler_options(), **(extra or {})}
     static = dict(max_new_tokens=new_tokens, eos_ids=(), pad_id=0, layout=layout)
     fn = jax.jit(
         lambda params, *args: sampler._generate(

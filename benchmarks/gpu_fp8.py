@@ -99,7 +99,7 @@ def main() -> None:
         bf16 = init_params(config, jax.random.key(0), jnp.bfloat16)
         fp8 = quantize_fp8(bf16)
         layout = resolve_layout("auto", fp8["embed"].dtype)
-        lowered = _generate_jit(layout, fp8["embed"].dtype, config).lower(
+        lowered = _generate_jit().lower(
             fp8,
             config,
             jnp.zeros((64, args.prompt), jnp.int32),

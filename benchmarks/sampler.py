@@ -407,12 +407,12 @@ def worker_draw(a) -> dict:
     """The sampling draw alone, `sampler._sample` on random ``[B, V]`` float32 logits
     N(0, sd^2) for each of `DRAW_SDS` (sd 3: a flat row, the 1024 largest of 151,936 hold ~70%
     of the mass; sd 6: a peaked one, 99.6%), for each of `DRAWS`; and the LM head alone,
-    ``[B, D] x [D, V]`` with the ``[in, out]`` weight and float32 accumulation that the CPU
-    decode loop runs, in float32 and bfloat16."""
+    ``[B, D] x [V, D]^T`` as the default CPU decode layout holds the weight (`quant.Columns`:
+    ``(w @ x^T)^T`` in float32, the plain product in bfloat16), float32 accumulation."""
     import jax
     import jax.numpy as jnp
 
-    from ais_jax.quant import InOut, linear
+    from ais_jax.quant import Columns, linear
     from ais_jax.sampler import _sample
 
     s = json.loads(a.shape)
@@ -433,7 +433,7 @@ def worker_draw(a) -> dict:
     x_BD = jax.random.normal(key_x, (B, D), jnp.float32)
     for dtype in ("f32", "bf16"):
         jdtype = jnp.float32 if dtype == "f32" else jnp.bfloat16
-        w = InOut.of(w_VD.astype(jdtype))
+        w = Columns(w_VD.astype(jdtype))
         fn = jax.jit(lambda x, w: linear(x, w, out_dtype=jnp.float32))
         head[dtype] = _median_ms(fn, x_BD.astype(jdtype), w, repeats=repeats)
     return {"draw_ms": draws, "head_ms": head, "version": f"jax {jax.__version__}"}
@@ -632,7 +632,7 @@ def main() -> None:
     p.add_argument(
         "--layout",
         default="auto",
-        help="ais_jax decode layout: auto (sampler.default_layout), in_out_f32_values or out_in",
+        help="ais_jax decode layout: auto (sampler.default_layout), out_in_columns or out_in",
     )
     p.add_argument(
         "--ais-xla-flags",

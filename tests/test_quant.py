@@ -11,6 +11,7 @@ byte count. The last test prints how far each format moves a tiny Qwen3's log-pr
 from __future__ import annotations
 
 import dataclasses
+import re
 import zlib
 
 import jax
@@ -353,20 +354,20 @@ def test_dot_dtype_upcasts_only_many_bf16_rows_on_cpu():
         assert quant.dot_dtype(dtype, rows, "cpu") == dtype
 
 
-@pytest.mark.parametrize("in_out", [False, True])
-def test_linear_bf16_rows_as_float32_same_products_and_same_backward(in_out):
+@pytest.mark.parametrize("columns", [False, True])
+def test_linear_bf16_rows_as_float32_same_products_and_same_backward(columns):
     """Many bf16 rows on CPU: float32 operands holding the bf16 values. The forward equals a
     float64 reference of the bf16 values to float32 summation error (the products are exact);
-    the gradients, through the same backward dots, equal bitwise those of the bf16 dot."""
+    the gradients, through the same backward dots, equal bitwise those of the bf16 dot. A
+    `Columns` weight (more than `COLUMNS_MAX_ROWS` rows here) takes the same plain path."""
     rows = quant.CPU_FLOAT32_DOT_MIN_ROWS
     x = randn((rows // 64, 64, 96), seed=11).astype(jnp.bfloat16)
     w = randn((48, 96), seed=12)  # float32 master weights, cast to bf16 inside
-    weight = quant.InOut.of(w) if in_out else w
-    spec = "bsi,io->bso" if in_out else "bsi,oi->bso"
+    weight = quant.Columns(w) if columns else w
 
     def bf16_dot(x, w):  # the bf16 x bf16 -> float32 dot `linear` ran before
-        w = w.w_IO if in_out else w
-        return jnp.einsum(spec, x, w.astype(x.dtype), preferred_element_type=jnp.float32)
+        w = w.w_OI if columns else w
+        return jnp.einsum("bsi,oi->bso", x, w.astype(x.dtype), preferred_element_type=jnp.float32)
 
     hlo = jax.jit(lambda x, w: quant.linear(x, w, out_dtype=jnp.float32)).lower(x, weight)
     hlo = hlo.as_text()
@@ -389,10 +390,45 @@ def test_linear_bf16_rows_as_float32_same_products_and_same_backward(in_out):
         np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(h, np.float32))
 
 
-def test_linear_few_bf16_rows_keep_bf16_operands():
+@pytest.mark.parametrize("columns", [False, True])
+def test_linear_few_bf16_rows_keep_bf16_operands(columns):
     x = randn((8, 96), seed=14).astype(jnp.bfloat16)
-    hlo = jax.jit(quant.linear).lower(x, randn((48, 96), seed=15)).as_text()
+    w = randn((48, 96), seed=15)
+    hlo = jax.jit(quant.linear).lower(x, quant.Columns(w) if columns else w).as_text()
     assert "xbf16>) -> tensor" in hlo.split("dot_general")[1].split("\n")[0]
+    assert "optimization_barrier" not in hlo
+
+
+def _dot_shapes(f, *args) -> list[tuple[int, ...]]:
+    """The result shapes of the dots in ``f``'s optimized HLO on ``args``."""
+    hlo = jax.jit(f).lower(*args).compile().as_text()
+    return [
+        tuple(int(d) for d in m.split(",") if d)
+        for m in re.findall(r"= f32\[([\d,]*)\]\S* dot\(", hlo)
+    ]
+
+
+@pytest.mark.parametrize("lead", [(3, 5), (1, 128), (129,)])
+def test_columns_float32_few_rows_multiply_weight_by_activation_columns(lead):
+    """A `Columns` weight times float32 activations of R <= `COLUMNS_MAX_ROWS` rows: the
+    compiled dot is ``w [O, I] @ x^T [I, R]`` (result ``[O, R]``; XLA would fold the transposes
+    back into ``x @ w^T`` without the barriers), with ``linear``'s float32 values to summation
+    order, checked against float64 within float32 summation error. From R > `COLUMNS_MAX_ROWS`
+    on, the plain ``x @ w^T`` (result ``[R, O]``)."""
+    R, O, I = int(np.prod(lead)), 48, 96
+    x = randn((*lead, I), seed=16)
+    w = randn((O, I), seed=17)
+    y = quant.linear(x, quant.Columns(w))
+    assert y.shape == (*lead, O) and y.dtype == jnp.float32
+    xs, ws = np.asarray(x, np.float64), np.asarray(w, np.float64)
+    ref = np.einsum("...i,oi->...o", xs, ws)
+    bound = I * np.finfo(np.float32).eps * np.einsum("...i,oi->...o", np.abs(xs), np.abs(ws))
+    assert np.all(np.abs(np.asarray(y, np.float64) - ref) <= bound)
+    np.testing.assert_allclose(y, quant.linear(x, w), rtol=1e-5, atol=1e-5)
+    shapes = _dot_shapes(quant.linear, x, quant.Columns(w))
+    want = (O, R) if R <= quant.COLUMNS_MAX_ROWS else (R, O)
+    assert shapes == [want], (lead, shapes)
+    assert _dot_shapes(quant.linear, x, w) == [(R, O)]
 
 
 def test_masked_rows_never_change_valid_rows():

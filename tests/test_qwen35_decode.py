@@ -57,12 +57,11 @@ def params():
 def replay(params, config, prompt_BP, prompt_mask_BP, tokens_BT, mask_BT, layout):
     """The logits ``[B, T, V]`` of a prefill (its last position) then of each response token
     fed back with the live-row mask (row live at step t iff ``mask[:, t]``), with the params
-    and value cache of ``layout``, and the cache after every step."""
+    of ``layout``, and the cache after every step."""
     B, P = prompt_BP.shape
     p = sampler.decode_params(params, layout, config)
     dtype = p["embed"].dtype
-    value_dtype = sampler.value_cache_dtype(dtype, layout)
-    cache = model.init_cache(config, B, P + tokens_BT.shape[1], dtype, value_dtype)
+    cache = model.init_cache(config, B, P + tokens_BT.shape[1], dtype)
     prefill_BPV, cache = model.forward_cached(p, config, prompt_BP, cache, prompt_mask_BP)
     logits_B1V = prefill_BPV[:, -1:]
 

@@ -269,7 +269,7 @@ def test_corrections_behave_as_documented(arm_run):
 SMALL = dataclasses.replace(MODEL, num_layers=1, num_heads=2, num_kv_heads=1)
 
 
-@pytest.mark.parametrize("layout", ["in_out_f32_values", "out_in"])
+@pytest.mark.parametrize("layout", ["out_in_columns", "out_in"])
 def test_generate_phase_decodes_in_the_configured_layout(layout):
     """``rollout.decode_layout`` reaches the sampler: the phase's rollout equals
     `sampler.generate` called directly with that layout on the same FP8 copy, token for token;
