@@ -28,7 +28,7 @@ distribution: every layout holds the same numbers (a dot may sum them in another
 - ``"out_in_columns"``: unquantized matmul weights (and the LM head) in the model's ``[out,
   in]`` layout, marked `quant.Columns`: a float32 product over at most
   `quant.COLUMNS_MAX_ROWS` rows (every decode step of a batch up to that size) runs as ``(w @
-  x^T)^T``, which XLA:CPU's float32 GEMM runs 1.2-2x faster than ``x @ w^T`` or a transposed
+  x^T)^T``, which XLA:CPU's float32 GEMM runs 1.1-2.3x faster than ``x @ w^T`` or a transposed
   ``[in, out]`` copy (benchmarks/README.md). The default on CPU for float32 models.
 - ``"out_in"``: the same weights, plain: every product is ``x @ w^T`` (the form of the FP8 GEMM
   and of cuBLAS / TPU matmuls). The default on GPU and TPU, and on CPU for 16-bit and FP8
