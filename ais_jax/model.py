@@ -227,10 +227,9 @@ def attention(
     dots want (no per-step transpose of the cache; with Q = 1, a decode step, the query
     transpose only moves unit axes). q, k and v share one dtype (the compute dtype); the dots
     accumulate in float32, and the result and the probabilities are rounded to that dtype.
-    Under autodiff the backward pass
-    recomputes the scores and probabilities from q, k and v (`recompute_in_backward`) instead
-    of keeping them: ``[B, K, R * Q, S]`` float32 arrays, the largest of a training step's
-    activations after the logits.
+    Under autodiff the backward pass recomputes the scores and probabilities from q, k and v
+    (`recompute_in_backward`) instead of keeping them: ``[B, K, R * Q, S]`` float32 arrays, the
+    largest of a training step's activations after the logits.
     """
     return recompute_in_backward(_attention)(q_BQHE, k_BKSE, v_BKES, allowed_BQS)
 
@@ -245,9 +244,8 @@ def _attention(q_BQHE, k_BKSE, v_BKES, allowed_BQS):
     R = H // K
     dtype = q_BQHE.dtype
     q_BKME = q_BQHE.reshape(B, Q, K, R, E).transpose(0, 2, 3, 1, 4).reshape(B, K, R * Q, E)
-    scores_BKMS = jnp.einsum("bkme,bkse->bkms", q_BKME, k_BKSE, preferred_element_type=F32) * (
-        E**-0.5
-    )
+    scores_BKMS = jnp.einsum("bkme,bkse->bkms", q_BKME, k_BKSE, preferred_element_type=F32)
+    scores_BKMS = scores_BKMS * (E**-0.5)
     scores_BKRQS = scores_BKMS.reshape(B, K, R, Q, -1)
     scores_BKRQS = jnp.where(allowed_BQS[:, None, None], scores_BKRQS, _MASKED)
     probs_BKRQS = jax.nn.softmax(scores_BKRQS, axis=-1).astype(dtype)
@@ -565,9 +563,8 @@ class KVCache:
 
 def init_cache(config: ModelConfig, batch: int, max_len: int, dtype=jnp.bfloat16) -> KVCache:
     """An empty cache of S = ``max_len`` slots per row, keys and values in ``dtype`` (the
-    model's compute dtype). For a Qwen3.5 config `qwen35.init_cache`
-    (a `qwen35.HybridCache`: this cache for its attention layers, a recurrent state for each
-    linear-attention layer)."""
+    model's compute dtype). For a Qwen3.5 config `qwen35.init_cache` (a `qwen35.HybridCache`:
+    this cache for its attention layers, a recurrent state for each linear-attention layer)."""
     if (family := _family(config)) is not None:
         return family.init_cache(config, batch, max_len, dtype)
     L, K, E = config.num_layers, config.num_kv_heads, config.head_dim

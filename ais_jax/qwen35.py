@@ -867,8 +867,8 @@ class HybridCache:
 
 def init_cache(config: Qwen35Config, batch: int, max_len: int, dtype=jnp.bfloat16) -> HybridCache:
     """An empty cache (`model.init_cache`'s signature): S = ``max_len`` KV slots per row for
-    each attention layer, keys and values in ``dtype``, and
-    zero float32 states (the state before any token) for each linear-attention layer."""
+    each attention layer, keys and values in ``dtype``, and zero float32 states (the state
+    before any token) for each linear-attention layer."""
     c = config
     K, E = c.num_kv_heads, c.head_dim
     attention_layers = range(len(c.attention_layers))
