@@ -177,9 +177,9 @@ def test_write_kv_puts_each_token_in_its_slot_and_nothing_else(dtype, Q):
 @pytest.mark.parametrize("B, K, R, E, S", [(5, 2, 2, 8, 11), (3, 1, 4, 16, 9), (4, 3, 1, 8, 6)])
 def test_attention_is_float64_softmax_attention(B, K, R, E, S, Q):
     """`attention` (queries laid out as ``[B, K, R * Q, E]``) against float64 softmax attention,
-    for a decode step (Q = 1) and several query positions: float32 to rounding. With the
-    sampler's operands (bfloat16 queries and keys, a float32 value cache holding bfloat16
-    values) the probabilities and the output are rounded to bfloat16 (unit roundoff u = 2^-8),
+    for a decode step (Q = 1) and several query positions: float32 to rounding. With bfloat16
+    queries, keys and values (the bf16 trainer's and sampler's) the probabilities and the
+    output are rounded to bfloat16 (unit roundoff u = 2^-8),
     so each output is within u * (sum_s p_s |v_s| + |out|) <= u * (max |v| + |out|) of the
     float64 attention of the same bfloat16 inputs, plus float32 rounding."""
     rng = np.random.default_rng(B * 100 + S + Q)
@@ -203,13 +203,12 @@ def test_attention_is_float64_softmax_attention(B, K, R, E, S, Q):
     np.testing.assert_allclose(got, reference(q, k, v), rtol=1e-5, atol=1e-6)
 
     bf16 = jnp.bfloat16
-    q16, k16 = jnp.asarray(q, bf16), jnp.asarray(k, bf16)
-    v32 = jnp.asarray(v, bf16).astype(jnp.float32)
-    got16 = jax.jit(model.attention)(q16, k16, v32, allowed)
+    q16, k16, v16 = (jnp.asarray(a, bf16) for a in (q, k, v))
+    got16 = jax.jit(model.attention)(q16, k16, v16, allowed)
     assert got16.dtype == bf16
-    want = reference(q16.astype(jnp.float32), k16.astype(jnp.float32), v32)
+    want = reference(*(np.asarray(a, np.float32) for a in (q16, k16, v16)))
     u = 2.0**-8
-    bound = u * (np.abs(np.asarray(v32)).max() + np.abs(want)) + 1e-6
+    bound = u * (np.abs(np.asarray(v16, np.float32)).max() + np.abs(want)) + 1e-6
     assert (np.abs(np.asarray(got16, np.float64) - want) <= bound).all()
     # ... and the bound is not vacuous: the bfloat16 result is not the float32 one
     assert not np.array_equal(np.asarray(got16, np.float32), np.asarray(got))
