@@ -309,6 +309,18 @@ def _pad(ids: list[list[int]], length: int, pad_id: int, *, left: bool):
     return tokens, mask
 
 
+def trim_padding(tokens_BL: np.ndarray, mask_BL: np.ndarray, *, left: bool):
+    """``tokens_BL`` and ``mask_BL`` without the columns that are padding in every row (on the
+    left of left-padded rows, on the right of right-padded ones), as a pad-to-longest collator
+    does. The kept width is the longest row rounded up to a power of two (at most L), so that
+    batches fall on a few shapes: each new shape is a compile."""
+    L = mask_BL.shape[1]
+    longest = int(mask_BL.sum(axis=1).max(initial=1))
+    width = min(L, 1 << max(longest - 1, 0).bit_length())
+    cols = slice(L - width, L) if left else slice(0, width)
+    return tokens_BL[:, cols], mask_BL[:, cols]
+
+
 def decode_responses(tokenizer, tokens: np.ndarray, lengths: np.ndarray) -> list[str]:
     """The text of the first ``lengths[b]`` tokens of each row ``b`` of ``tokens [B, T]``."""
     return [tokenizer.decode(row[:n].tolist()) for row, n in zip(tokens, lengths, strict=True)]

@@ -116,7 +116,8 @@ class Run:
 
     # -- phases ----------------------------------------------------------------------------------
     def sft(self, progress=None) -> list[float]:
-        """Supervised warm start on task demonstrations (its own Adam, discarded after)."""
+        """Supervised warm start on task demonstrations (its own Adam, discarded after). On one
+        process each batch drops the padding columns no row uses (`data.trim_padding`)."""
         c = self.cfg
         if c.sft.steps == 0:
             return []
@@ -129,6 +130,9 @@ class Run:
             pt, pm = self._encode_prompts(self.task, examples)
             answers = [e.demonstration for e in examples]
             rt, rm = data.encode_responses(self.tokenizer, answers, c.rollout.max_new_tokens)
+            if self.hosts == 1:  # several processes keep the full widths: one shape for all
+                pt, pm = data.trim_padding(pt, pm, left=True)
+                rt, rm = data.trim_padding(rt, rm, left=False)
             batch = shd.shard_batch((pt, pm, rt, rm), self.mesh)
             params, opt_state, loss = self.phases.sft_step(params, opt_state, *batch)
             if progress is not None and (i % 10 == 0 or i == c.sft.steps - 1):

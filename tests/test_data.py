@@ -268,6 +268,41 @@ def test_prompts_are_left_padded_and_responses_right_padded_with_eos():
     np.testing.assert_array_equal(data.encode_prompts(tok, [chat, "10+20="], 8)[0], prompts)
 
 
+def test_trimming_drops_only_padding_and_keeps_the_log_probs():
+    """The SFT batch without the columns no row uses: a power-of-two width, every valid token
+    kept, and the same response log-probs as the padded batch (positions come from the mask)."""
+    import jax
+    from training_run import MODEL
+
+    from ais_jax import model, sampler
+    from ais_jax.tasks import CharTokenizer
+
+    tok = CharTokenizer()
+    prompts, prompt_mask = data.encode_prompts(tok, ["1+2=", "10+20=", "7-3="], 12)
+    tokens, mask = data.encode_responses(tok, ["3", "30", "4"], 8)
+    short_prompts, short_prompt_mask = data.trim_padding(prompts, prompt_mask, left=True)
+    short_tokens, short_mask = data.trim_padding(tokens, mask, left=False)
+    assert short_prompts.shape == (3, 8) and prompt_mask.sum(axis=1).max() == 7  # BOS + 6
+    assert short_tokens.shape == (3, 4) and mask.sum(axis=1).max() == 3
+    pairs = [(prompts, prompt_mask, short_prompts, short_prompt_mask)]
+    pairs += [(tokens, mask, short_tokens, short_mask)]
+    for full, full_mask, short, short_mask_ in pairs:  # each row keeps its tokens, in order
+        for row in range(3):
+            assert full[row][full_mask[row]].tolist() == short[row][short_mask_[row]].tolist()
+    # a row as long as L keeps L; all padding keeps one column
+    assert data.trim_padding(tokens[:, :3], mask[:, :3], left=False)[0].shape == (3, 3)
+    assert data.trim_padding(tokens, np.zeros_like(mask), left=False)[0].shape == (3, 1)
+
+    params = model.init_params(MODEL, jax.random.key(0))
+    full_logp = sampler.token_logprobs(params, MODEL, prompts, prompt_mask, tokens, mask)
+    short_logp = sampler.token_logprobs(
+        params, MODEL, short_prompts, short_prompt_mask, short_tokens, short_mask
+    )
+    assert np.abs(np.asarray(full_logp)).min(where=mask, initial=np.inf) > 0.1
+    np.testing.assert_allclose(short_logp, np.asarray(full_logp)[:, :4], rtol=1e-6, atol=1e-6)
+    assert not np.asarray(full_logp)[:, 4:].any()
+
+
 def test_texts_that_do_not_fit_name_the_setting_to_raise():
     from ais_jax.tasks import CharTokenizer
 
