@@ -22,6 +22,16 @@ test compares numbers computed under both settings. A test that runs long enough
 compiled code's speed to matter runs its job in a subprocess with `default_compile_env()`, XLA's
 defaults, as a user's run compiles; a test's own jitted function that runs long compiles with
 them by ``jax.jit(f, **XLA_DEFAULTS)``.
+
+The suite's processes share one persistent compilation cache (`pytest_configure`): a temporary
+directory the controlling process creates, names in ``AIS_JAX_TEST_COMPILE_CACHE`` for its
+pytest-xdist workers, and removes at the end. Each pytest process compiles into it (every
+program, however quick), so a program that both workers build (the same model and shapes in
+several modules) compiles once. The directory is set through `jax.config`, not JAX's
+environment variable, so subprocesses (the learning job, the notebooks' kernels, the 8-device
+workers) compile as a user's run does. No size limit: with one, JAX's cache rescans every
+entry on each write under a file lock, which grew quadratically over a whole run. A hit still
+counts as a compile for `count_compiles` (JAX times the cache lookup as the backend compile).
 """
 
 from __future__ import annotations
@@ -40,10 +50,30 @@ os.environ["XLA_FLAGS"] = " ".join([_flags, *_added]).strip()
 import contextlib  # noqa: E402
 import json  # noqa: E402
 import shutil  # noqa: E402
+import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
+
+COMPILE_CACHE_ENV = "AIS_JAX_TEST_COMPILE_CACHE"
+
+
+def pytest_configure(config):
+    """The session's shared compilation cache (see the module docstring)."""
+    if COMPILE_CACHE_ENV not in os.environ:  # the controlling process: workers inherit it
+        os.environ[COMPILE_CACHE_ENV] = tempfile.mkdtemp(prefix="ais-jax-test-jit-")
+        config._ais_jax_compile_cache = os.environ[COMPILE_CACHE_ENV]
+    jax.config.update("jax_compilation_cache_dir", os.environ[COMPILE_CACHE_ENV])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def pytest_unconfigure(config):
+    cache = getattr(config, "_ais_jax_compile_cache", None)
+    if cache is not None:
+        shutil.rmtree(cache, ignore_errors=True)
+        del os.environ[COMPILE_CACHE_ENV]
 
 
 @contextlib.contextmanager
