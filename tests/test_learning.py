@@ -12,7 +12,8 @@ How far that is from the edge (greedy held-out %, start -> after 30 steps; bench
 "Attention as plain batched matmuls"): seeds 0-3 on 6816ab9 60.9 -> 76.7, 59.8 -> 91.1,
 58.6 -> 82.1, 59.0 -> 93.6 (+15.8 to +34.6); seeds 0-4 on 488dc45, the attention layout
 before, +12.9 to +29.2. The warm start is what varies most: seed 2's ended at 47.2% there.
-Seed 0 once SFT batches drop their unused padding (`data.trim_padding`): 60.7 -> 86.9.
+Seeds 0-3 once SFT batches drop their unused padding (`data.trim_padding`, 19e9f3a):
+60.7 -> 86.9, 56.9 -> 72.9, 48.3 -> 65.8, 61.0 -> 89.2 (+16.0 to +28.1).
 An earlier version of this test shortened the warm start to 1,500 steps and evaluated 256
 prompts. There seed 1 gained only +5.1 on 488dc45, and this layout left seed 0's warm start at
 43.4% (+0.4 after GRPO): the test turned on where a shortened warm start happened to land.
