@@ -66,6 +66,7 @@ class Run:
         self.cfg = cfg
         self.out = Path(out)
         heap.release_after_compiles()  # the compiler's freed heap back to the system
+        heap.reuse_freed_memory()  # a step's freed temporaries kept for the next step
         self.hosts, self.host = jax.process_count(), jax.process_index()
         sizes = {"rollout.prompts_per_step": cfg.rollout.prompts_per_step}
         sizes |= {"sft.batch_size": cfg.sft.batch_size, "evaluation batch": EVAL_BATCH}

@@ -121,6 +121,7 @@ def worker_ais_jax(a) -> dict:
     if a.chunk_logits:  # lever study: the LM-head chunk of `token_logprobs`
         sampler.token_logprobs.__kwdefaults__["chunk_logits"] = a.chunk_logits
     heap.release_after_compiles()  # as `Run` does
+    heap.reuse_freed_memory()
     config, params = load_hf(a.ckpt, dtype=jnp.float32)
     rollout = RolloutConfig(
         format="bf16" if a.engine == "ais_jax-bf16" else "float8_e4m3fn",
