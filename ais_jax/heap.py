@@ -6,11 +6,12 @@ and frees it when the call ends. glibc maps blocks above 32 MB anew and unmaps t
 returns the top of a heap once 128 KB of it is free, and unmaps a thread arena's emptied heap:
 every call faulted its temporaries' pages in again (8,572 faults, ~30 ms of system time per
 85 ms SFT step). `reuse_freed_memory` tells glibc to keep freed memory instead (``mallopt``);
-`Run` sets it. On the default job shortened to 30 GRPO steps (2-core AMD EPYC, one run each,
-`benchmarks/README.md`): 259 -> 202 s wall, its SFT 200 -> 152 s, 18.0M -> 0.53M page faults,
-73 -> 7 s of system time, peak resident memory 1.00 -> 1.06 GB; the results bit for bit the
-same. Blocks larger than a thread arena's 64 MB heap are still mapped anew (the benchmarks'
-GRPO updates, 0.4 and 3 GiB of temporaries: their step times did not change).
+`Run` sets it. On the default job shortened to 30 GRPO steps (2-core AMD EPYC, two runs each,
+`benchmarks/README.md`): 244-259 -> 193-202 s wall, its SFT 180-200 -> 143-152 s, 18.0M ->
+0.53-0.57M page faults, 68-73 -> 7 s of system time, peak resident memory 1.00-1.01 -> 1.04-1.06 GB;
+the results bit for bit the same. Blocks larger than a thread arena's 64 MB heap are still
+mapped anew (the benchmarks' GRPO updates, 0.4 and 3 GiB of temporaries: their step times did
+not change).
 
 XLA:CPU compiles each program with LLVM, whose allocations are freed when the compile ends,
 but glibc keeps freed heap pages for reuse: they stay in the process's resident memory. On the

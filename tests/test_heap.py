@@ -19,7 +19,8 @@ from ais_jax.config import TrainConfig, from_dict
 from ais_jax.runner import Run
 
 pytestmark = pytest.mark.skipif(
-    platform.libc_ver()[0] != "glibc", reason="malloc_trim is glibc's (CI runs on glibc)"
+    platform.libc_ver()[0] != "glibc",
+    reason="mallopt and malloc_trim are glibc's (CI runs on glibc)",
 )
 
 
