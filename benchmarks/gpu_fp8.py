@@ -1,15 +1,25 @@
 """FP8 vs BF16 rollout on an NVIDIA Hopper GPU (H100/H200): HLO check and decode throughput.
 
-1. Compiles `quant.linear` with an FP8 `QArray` and reports which GEMM XLA chose: a cuBLASLt
-   FP8 custom call (`__cublas$lt$matmul$f8`), an FP8 Triton GEMM, or a fallback that converts
-   the FP8 operands (no FP8 tensor cores). The same check runs on the whole decode step.
+1. Compiles `quant.linear` with an FP8 `QArray`, and each model's FP8 decode program, and counts
+   the GEMMs XLA chose in the optimized HLO by kind: a cuBLASLt FP8 custom call
+   (``__cublas$lt$matmul$f8``), an FP8 Triton or cuDNN GEMM fusion, a 16-bit cuBLAS GEMM, or FP8
+   operands converted to a wider type before a GEMM (no FP8 tensor cores).
 2. Decode tokens/s of `ais_jax.generate` with BF16 params and their FP8 (W8A8, per-tensor)
    copy, for Qwen3-1.7B- and Qwen3-8B-shaped random weights at batch 64 and 256 (prompt 128,
-   128 new tokens, no EOS), side by side in one run, with compile time reported separately and
-   the fraction of the HBM-bandwidth bound reached (weight + KV bytes read per decode step).
+   128 new tokens, no EOS, full-vocabulary sampling at T=1), side by side in one run. Each
+   program is compiled ahead of time and its compile time reported apart; the prefill (the
+   same `forward_cached` over the prompts that `generate` starts with) is compiled and timed on
+   its own, so decode tokens/s = batch x (new - 1) decode steps / (generate - prefill).
+3. The HBM-bandwidth bound of a decode step: the bytes it must read (every weight the step
+   multiplies by, embedding table excluded when the LM head is separate, plus the whole
+   fixed-size KV cache, which attention reads at every step) over the measured copy bandwidth;
+   ``roofline_frac`` is that bound's time over the measured step time, and ``byte_ratio`` the
+   BF16 step's bytes over the FP8 step's (the speed-up a purely bandwidth-bound decode could
+   reach).
 
 Run on the GPU machine (no grain needed):  python benchmarks/gpu_fp8.py [--quick]
-On a machine without a GPU it says so and exits 0 without measuring anything.
+On a machine without a GPU it says so and exits 0 without measuring anything; ``--smoke`` runs
+the whole script on the tiny shape on any backend (what the test suite does on CPU).
 """
 
 from __future__ import annotations
@@ -17,41 +27,76 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import time
+from collections import Counter
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from ais_jax.model import init_params
+from ais_jax.model import forward_cached, init_cache, init_params
 from ais_jax.model_config import ModelConfig
 from ais_jax.quant import linear, quantize_fp8, quantize_weight, tree_bytes
-from ais_jax.sampler import _generate_jit, generate, resolve_layout
+from ais_jax.sampler import _generate_jit, decode_params, resolve_layout
 
-TRITON_FP8 = re.compile(r"__triton_gemm[^\n]*f8e4m3fn|f8e4m3fn[^\n]*__triton_gemm")
+GEMM_TARGETS = (  # (kind, what marks it on its instruction's line of optimized HLO)
+    ("cuBLAS GEMM", re.compile(r'custom_call_target="__cublas\$(lt\$matmul|gemm)')),
+    ("Triton GEMM", re.compile(r"__triton\w*gemm")),
+    ("cuDNN GEMM", re.compile(r"__cudnn\$fusion")),
+)
+BF16 = jnp.bfloat16
+_CALL = re.compile(r"\b(custom-call|fusion|dot|convert)\(([^)]*)\)")
+_COMPUTATION = re.compile(r"^(?:ENTRY )?%([\w.-]+) .*\{$")  # a computation's first line
 
 
-def gemm_kind(hlo: str) -> str:
-    if "__cublas$lt$matmul$f8" in hlo:
-        return "cuBLASLt FP8 GEMM"
-    if TRITON_FP8.search(hlo):
-        return "Triton FP8 GEMM"
-    if "f8e4m3fn" in hlo:
-        return "FP8 operands converted (no FP8 GEMM)"
-    return "no FP8 in HLO"
+def gemm_counts(hlo: str) -> dict[str, int]:
+    """How many GEMM instructions of each kind the optimized HLO text holds (a loop body's
+    once each): cuBLAS custom calls, Triton and cuDNN GEMM fusions (the dot inside such a
+    fusion is that GEMM, not another), other dots; each prefixed ``FP8`` when an operand is an
+    FP8 value. And ``f8 converted``: converts that widen an FP8 value (FP8 operands multiplied
+    without FP8 tensor cores; XLA:CPU does this)."""
+    f8_values = set(re.findall(r"%([\w.-]+) = f8e\w+\[", hlo))
+    lines = hlo.splitlines()
+    gemm_bodies = {  # computations that a Triton or cuDNN GEMM fusion calls
+        m.group(1)
+        for line in lines
+        if GEMM_TARGETS[1][1].search(line) or GEMM_TARGETS[2][1].search(line)
+        for m in [re.search(r"calls=%([\w.-]+)", line)]
+        if m
+    }
+    counts: Counter[str] = Counter()
+    computation = None
+    for line in lines:
+        if header := _COMPUTATION.match(line):
+            computation = header.group(1)
+        call = _CALL.search(line)
+        if not call:
+            continue
+        op, operands = call.groups()
+        on_f8 = any(name in f8_values for name in re.findall(r"%([\w.-]+)", operands))
+        if op == "convert":
+            counts["f8 converted"] += on_f8 and not re.search(r"= f8e\w+\[", line)
+            continue
+        kind = "dot" if op == "dot" and computation not in gemm_bodies else None
+        for name, pattern in GEMM_TARGETS:
+            if op != "dot" and pattern.search(line):
+                kind = name
+        if kind:
+            counts[("FP8 " if on_f8 or "matmul$f8" in line else "") + kind] += 1
+    return {k: v for k, v in counts.items() if v}
 
 
 def check_linear_hlo(out: dict) -> None:
     x = jax.random.normal(jax.random.key(0), (256, 4096), jnp.bfloat16)
     w = quantize_weight(jax.random.normal(jax.random.key(1), (4096, 4096)) * 0.02)
     hlo = jax.jit(linear).lower(x, w).compile().as_text()
-    out["linear_gemm"] = gemm_kind(hlo)
+    out["linear_gemms"] = gemm_counts(hlo)
     out["linear_hlo_custom_calls"] = sorted(set(re.findall(r'custom_call_target="([^"]+)"', hlo)))
 
 
-def hbm_bandwidth_gbs() -> float:
+def hbm_bandwidth_gbs(elements: int = 1 << 28) -> float:
     """Measured HBM bandwidth of a large elementwise pass (GB/s, reads + writes counted)."""
-    x = jnp.ones((1 << 28,), jnp.float32)  # 1 GiB
+    x = jnp.ones((elements,), jnp.float32)  # 1 GiB by default
     f = jax.jit(lambda a: a * 1.0001)
     f(x).block_until_ready()
     t0 = time.perf_counter()
@@ -61,78 +106,151 @@ def hbm_bandwidth_gbs() -> float:
     return 2 * x.nbytes * 10 / (time.perf_counter() - t0) / 1e9
 
 
-def bench(config: ModelConfig, params, batch: int, prompt: int, new: int, repeats: int) -> dict:
-    prompts = jax.random.randint(jax.random.key(1), (batch, prompt), 0, config.vocab_size)
-    kw = dict(max_new_tokens=new, eos_ids=(), prompt_mask=np.ones((batch, prompt), bool))
+def decode_weight_bytes(params) -> int:
+    """Bytes of weights one decode step reads: every leaf, less the embedding table when a
+    separate LM head exists (the step gathers B rows of the table; a tied table is the head)."""
+    total = tree_bytes(params)
+    if "lm_head" in params:
+        total -= tree_bytes(params["embed"])
+    return total
+
+
+def kv_cache_bytes(config: ModelConfig, batch: int, slots: int, dtype) -> int:
+    """Bytes of the fixed-size KV cache (keys and values of every layer, ``slots`` positions)."""
+    per_layer = 2 * batch * config.num_kv_heads * slots * config.head_dim
+    return config.num_layers * per_layer * jnp.dtype(dtype).itemsize
+
+
+def _prefill(params, config, prompt_BP, mask_BP, *, slots: int):
+    """`generate`'s prefill: an empty cache of ``slots`` slots, then the prompts' forward."""
+    cache = init_cache(config, prompt_BP.shape[0], slots, params["embed"].dtype)
+    return forward_cached(params, config, prompt_BP, cache, mask_BP, last_only=True)
+
+
+def compiled_programs(config, params, batch: int, prompt: int, new: int):
+    """The generate and prefill programs for ``params`` at ``batch``, compiled ahead of time,
+    with the seconds each compile took and the generate program's optimized HLO."""
+    layout = resolve_layout("auto", params["embed"].dtype)
+    prompts = jax.ShapeDtypeStruct((batch, prompt), jnp.int32)
+    mask = jax.ShapeDtypeStruct((batch, prompt), jnp.bool_)
     t0 = time.perf_counter()
-    jax.block_until_ready(generate(params, config, prompts, jax.random.key(0), **kw).tokens)
-    first = time.perf_counter() - t0
-    times = []
-    for r in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(generate(params, config, prompts, jax.random.key(r), **kw).tokens)
-        times.append(time.perf_counter() - t0)
-    steady = float(np.median(times))
-    return {"compile_s": first - steady, "step_s": steady, "tokens_per_s": batch * new / steady}
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true", help="1.7B shape, batch 64 only")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--prompt", type=int, default=128)
-    ap.add_argument("--new", type=int, default=128)
-    args = ap.parse_args()
-    if jax.default_backend() != "gpu":
-        print(
-            json.dumps({"skipped": f"no GPU (backend {jax.default_backend()!r}); nothing measured"})
-        )
-        return
-    out: dict = {"device": str(jax.devices()[0]), "jax": jax.__version__}
-    check_linear_hlo(out)
-    out["hbm_gbs"] = hbm_bandwidth_gbs()
-    print(json.dumps(out), flush=True)
-    shapes = {"qwen3-1.7b": ModelConfig.qwen3_1p7b()}
-    if not args.quick:
-        shapes["qwen3-8b"] = ModelConfig.qwen3_8b()
-    for name, config in shapes.items():
-        bf16 = init_params(config, jax.random.key(0), jnp.bfloat16)
-        fp8 = quantize_fp8(bf16)
-        layout = resolve_layout("auto", fp8["embed"].dtype)
-        lowered = _generate_jit().lower(
-            fp8,
+    gen = (
+        _generate_jit()
+        .lower(
+            params,
             config,
-            jnp.zeros((64, args.prompt), jnp.int32),
-            jnp.ones((64, args.prompt), bool),
+            prompts,
+            mask,
             jax.random.key(0),
             jnp.float32(1),
             jnp.int32(config.vocab_size),
             jnp.float32(1),
-            max_new_tokens=args.new,
+            max_new_tokens=new,
             eos_ids=(),
             pad_id=0,
             layout=layout,
         )
-        decode_gemm = gemm_kind(lowered.compile().as_text())
-        for batch in (64,) if args.quick else (64, 256):
-            row = {"model": name, "batch": batch, "decode_gemm_fp8": decode_gemm}
-            kv_bytes = (
-                2
-                * config.num_layers
-                * batch
-                * (args.prompt + args.new / 2)
-                * config.num_kv_heads
-                * config.head_dim
-                * 2
-            )
+        .compile()
+    )
+    t1 = time.perf_counter()
+    pre = (
+        jax.jit(_prefill, static_argnames=("config", "slots"))
+        .lower(params, config, prompts, mask, slots=prompt + new)
+        .compile()
+    )
+    t2 = time.perf_counter()
+    return gen, pre, {"generate": t1 - t0, "prefill": t2 - t1}
+
+
+def bench(config, params, batch: int, prompt: int, new: int, repeats: int) -> dict:
+    gen, pre, compile_s = compiled_programs(config, params, batch, prompt, new)
+    prompts = jax.random.randint(jax.random.key(1), (batch, prompt), 0, config.vocab_size)
+    mask = jnp.ones((batch, prompt), bool)
+    one, vocab = jnp.float32(1), jnp.int32(config.vocab_size)
+
+    def generate_call(r: int):
+        return gen(params, prompts, mask, jax.random.key(r), one, vocab, one).tokens
+
+    def prefill_call(r: int):
+        return pre(params, prompts, mask)[0]
+
+    seconds = {}
+    for name, call in (("generate", generate_call), ("prefill", prefill_call)):
+        jax.block_until_ready(call(-1))  # first call: allocations, autotuning caches
+        times = []
+        for r in range(repeats):
+            t0 = time.perf_counter()
+            jax.block_until_ready(call(r))
+            times.append(time.perf_counter() - t0)
+        seconds[name] = statistics.median(times)
+    decode_s = seconds["generate"] - seconds["prefill"]
+    return {
+        "compile_s": compile_s,
+        "generate_s": seconds["generate"],
+        "prefill_s": seconds["prefill"],
+        "decode_s": decode_s,
+        "decode_tokens_per_s": batch * (new - 1) / decode_s,
+        "tokens_per_s": batch * new / seconds["generate"],
+        "decode_gemms": gemm_counts(gen.as_text()),
+    }
+
+
+def shapes(args) -> dict[str, tuple[ModelConfig, tuple[int, ...]]]:
+    if args.smoke:
+        return {"tiny": (ModelConfig.tiny(), (4,))}
+    out = {"qwen3-1.7b": (ModelConfig.qwen3_1p7b(), (64,) if args.quick else (64, 256))}
+    if not args.quick:
+        out["qwen3-8b"] = (ModelConfig.qwen3_8b(), (64, 256))
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="1.7B shape, batch 64 only")
+    ap.add_argument("--smoke", action="store_true", help="tiny shape, batch 4, any backend")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--new", type=int, default=128)
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.prompt, args.new, args.repeats = min(args.prompt, 8), min(args.new, 4), 1
+    elif jax.default_backend() != "gpu":
+        skipped = f"no GPU (backend {jax.default_backend()!r}); nothing measured"
+        print(json.dumps({"skipped": skipped}))
+        return
+    out: dict = {"device": str(jax.devices()[0]), "jax": jax.__version__}
+    out["device_kind"] = jax.devices()[0].device_kind
+    check_linear_hlo(out)
+    out["hbm_gbs"] = hbm_bandwidth_gbs(1 << 20 if args.smoke else 1 << 28)
+    print(json.dumps(out), flush=True)
+    slots = args.prompt + args.new
+    for name, (config, batches) in shapes(args).items():
+        t0 = time.perf_counter()
+        # one program each (eager, every layer's slice would compile its own)
+        stacked = jax.jit(init_params, static_argnums=(0, 2))(config, jax.random.key(0), BF16)
+        # the rollout copies as a weight sync leaves them: quantized, layers unstacked
+        unstack = jax.jit(decode_params, static_argnums=(1, 2))
+        fp8 = unstack(jax.jit(quantize_fp8)(stacked), "auto", config)
+        bf16 = unstack(stacked, "auto", config)
+        del stacked
+        jax.block_until_ready((bf16, fp8))
+        print(json.dumps({"model": name, "params_s": time.perf_counter() - t0}), flush=True)
+        for batch in batches:
+            row: dict = {"model": name, "batch": batch, "prompt": args.prompt, "new": args.new}
+            kv = kv_cache_bytes(config, batch, slots, jnp.bfloat16)
+            step_bytes = {}
             for label, params in (("bf16", bf16), ("fp8", fp8)):
                 r = bench(config, params, batch, args.prompt, args.new, args.repeats)
-                bytes_per_step = tree_bytes(params) + kv_bytes
-                r["roofline_frac"] = (
-                    bytes_per_step / (r["step_s"] / args.new) / (out["hbm_gbs"] * 1e9)
-                )
+                step_bytes[label] = decode_weight_bytes(params) + kv
+                step_s = r["decode_s"] / (args.new - 1)
+                r["step_gb"] = step_bytes[label] / 1e9
+                r["roofline_frac"] = step_bytes[label] / step_s / (out["hbm_gbs"] * 1e9)
                 row[label] = r
-            row["fp8_over_bf16"] = row["fp8"]["tokens_per_s"] / row["bf16"]["tokens_per_s"]
+            row["fp8_over_bf16_decode"] = (
+                row["fp8"]["decode_tokens_per_s"] / row["bf16"]["decode_tokens_per_s"]
+            )
+            row["fp8_over_bf16_generate"] = row["fp8"]["tokens_per_s"] / row["bf16"]["tokens_per_s"]
+            row["byte_ratio"] = step_bytes["bf16"] / step_bytes["fp8"]
             print(json.dumps(row), flush=True)
         del bf16, fp8
 

@@ -96,6 +96,16 @@ def _peak_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
 
 
+def _jax_device_peak() -> dict:
+    """``device_peak_gib``: the accelerator's peak bytes in use (JAX's allocator), off CPU."""
+    import jax
+
+    if jax.default_backend() == "cpu":
+        return {}
+    stats = jax.devices()[0].memory_stats() or {}
+    return {"device_peak_gib": stats.get("peak_bytes_in_use", float("nan")) / 2**30}
+
+
 def _summary(times: dict[str, list[float]], warmup: int) -> dict:
     return {k: statistics.median(v[warmup:]) for k, v in times.items()} | {
         "steps_s": times["step"][warmup:]
@@ -180,7 +190,7 @@ def worker_ais_jax(a) -> dict:
         for k, v in zip(times, (t3 - t0, t1 - t0, t2 - t1, t3 - t2, cpu), strict=True):
             times[k].append(v)
         assert int(np.asarray(ro.lengths).min()) == NEW_TOKENS, "a row stopped early"
-    result = _summary(times, a.warmup) | {"peak_gib": _peak_gib()}
+    result = _summary(times, a.warmup) | {"peak_gib": _peak_gib()} | _jax_device_peak()
     if a.cost:  # the AIS correction's share of the update, by XLA's cost analysis
         flops = {}
         for method in ("none", "ais"):
@@ -198,6 +208,8 @@ def worker_ais_jax(a) -> dict:
     )
     if a.decode_layout != "auto":
         result["version"] += f", decode layout {a.decode_layout}"
+    if jax.default_backend() != "cpu":
+        result["version"] += f", {jax.devices()[0].device_kind}"
     if jax.device_count() > 1:
         result["version"] += f", {jax.device_count()} CPU devices (mesh {dict(mesh.shape)})"
     return result
@@ -230,6 +242,7 @@ def worker_trl(a) -> dict:
     if a.threads:
         torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
+    gpu = torch.cuda.is_available()  # TRL's default precision there: bf16 autocast
     model = transformers.AutoModelForCausalLM.from_pretrained(a.ckpt, dtype=torch.float32)
     tok = _word_tokenizer(model.config.vocab_size)
     n = a.warmup + a.steps
@@ -257,8 +270,8 @@ def worker_trl(a) -> dict:
         logging_steps=1,
         report_to="none",
         save_strategy="no",
-        use_cpu=True,
-        bf16=False,
+        use_cpu=not gpu,
+        bf16=gpu,
         disable_tqdm=True,
         seed=a.seed,
         generation_kwargs={"min_new_tokens": NEW_TOKENS},
@@ -309,6 +322,9 @@ def worker_trl(a) -> dict:
     times["update"] = [s - r for s, r in zip(times["step"], times["rollout"], strict=True)]
     result = _summary(times, a.warmup) | {"peak_gib": _peak_gib()}
     result["version"] = f"trl {trl.__version__}, torch {torch.__version__}"
+    if gpu:
+        result["device_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        result["version"] += f", {torch.cuda.get_device_name()}, bf16 autocast"
     result["threads"] = torch.get_num_threads()
     return result
 
@@ -408,7 +424,7 @@ def worker_tunix(a) -> dict:
     times["step"] = [t - sc for t, sc in zip(times["step"], times["score"], strict=True)]
     times["cpu"] = [t - sc for t, sc in zip(times["cpu"], score_cpu, strict=True)]
     times["update"] = [t - r for t, r in zip(times["step"], times["rollout"], strict=True)]
-    result = _summary(times, a.warmup) | {"peak_gib": _peak_gib()}
+    result = _summary(times, a.warmup) | {"peak_gib": _peak_gib()} | _jax_device_peak()
     result["version"] = (
         f"google-tunix {importlib.metadata.version('google-tunix')}, jax {jax.__version__}, "
         "bf16 compute / float32 params"
@@ -463,22 +479,24 @@ def report(size: str, results: dict[str, dict]) -> None:
     bench = _sampler_bench()
     ok = {k: r for k, r in results.items() if "error" not in r}
     fastest = min((r["step"] for k, r in ok.items() if k in PEERS), default=float("nan"))
+    device = any("device_peak_gib" in r for r in ok.values())  # on an accelerator
     rows = []
     for name, r in results.items():
         if "error" in r:
-            rows.append([name, "error", r["error"][:80], "", "", "", "", "", ""])
+            rows.append([name, "error", r["error"][:80]] + [""] * (6 + device))
             continue
         step = r["step"]
         with_score = step + (r["score"] if name in PEERS else 0.0)
         rows.append(
             [
                 name,
-                f"{step:.2f}",
-                f"{with_score:.2f}",
-                f"{r['rollout']:.2f}",
-                f"{r['score']:.2f}" if name not in PEERS else "(+score)",
-                f"{r['update']:.2f}",
+                f"{step:.3f}",
+                f"{with_score:.3f}",
+                f"{r['rollout']:.3f}",
+                f"{r['score']:.3f}" if name not in PEERS else "(+score)",
+                f"{r['update']:.3f}",
                 f"{r['peak_gib']:.2f}",
+                *([f"{r.get('device_peak_gib', float('nan')):.2f}"] if device else []),
                 f"{r['cpu']:.2f}",
                 f"{fastest / step:.2f}x" if fastest == fastest else "- (no peer ran)",
             ]
@@ -491,6 +509,7 @@ def report(size: str, results: dict[str, dict]) -> None:
         "score s",
         "update s",
         "peak GiB",
+        *(["device peak GiB"] if device else []),
         "step cpu-s",
         "fastest peer step / step",
     ]
@@ -500,7 +519,7 @@ def report(size: str, results: dict[str, dict]) -> None:
     print(f"\n{size}: {ROWS} rollouts, prompt {PROMPT_LEN}, {NEW_TOKENS} new tokens; {cpu}")
     bench.print_table(rows, header)
     for name, r in ok.items():
-        print(f"  {name}: {r['version']}; steps {[round(s, 2) for s in r['steps_s']]}")
+        print(f"  {name}: {r['version']}; steps {[round(s, 3) for s in r['steps_s']]}")
         if "update_flops" in r:
             f = r["update_flops"]
             share = (f["ais"] - f["none"]) / f["ais"]

@@ -200,3 +200,87 @@ def test_decode_floor_times_the_call_and_its_matmuls(capsys, monkeypatch):
     assert min(seconds.values()) > 0
     floor = seconds["prefill matmuls"] + 2 * seconds["decode-step matmuls"]
     assert seconds["floor:"] == pytest.approx(floor, rel=2e-3)  # 3 new tokens: 2 decode steps
+
+
+GPU_HLO = "\n".join(  # lines of XLA:GPU's optimized HLO, cut short
+    [
+        "%x = f8e4m3fn[64,2048]{1,0} parameter(0)",
+        "%w = f8e4m3fn[6144,2048]{1,0} parameter(1)",
+        "%gemm.1 = (f32[64,6144]{1,0}, s8[4194304]{0}) custom-call(%x, %w, %sx, %sw), "
+        'custom_call_target="__cublas$lt$matmul$f8"',
+        "%h = bf16[64,2048]{1,0} parameter(2)",
+        "%e = bf16[151936,2048]{1,0} parameter(3)",
+        '%gemm.2 = (bf16[64,151936]{1,0}) custom-call(%h, %e), custom_call_target="__cublas$gemm"',
+        "%fusion.3 = f32[64,8,256]{2,1,0} fusion(%q, %k), kind=kCustom, calls=%gemm_fusion, "
+        'backend_config={"fusion_backend_config":{"kind":"__triton_gemm"}}',
+        "%fusion.4 = f32[64,6144]{1,0} fusion(%x, %w), kind=kCustom, calls=%gemm_fusion.2, "
+        'backend_config={"fusion_backend_config":{"kind":"__triton_gemm"}}',
+        "%wide = bf16[6144,2048]{1,0} convert(%w)",
+        "}",
+        "%gemm_fusion.2 (p0: f8e4m3fn[64,2048], p1: f8e4m3fn[6144,2048]) -> f32[64,6144] {",
+        "  %p0 = f8e4m3fn[64,2048]{1,0} parameter(0)",
+        "  %p1 = f8e4m3fn[6144,2048]{1,0} parameter(1)",
+        "  ROOT %d = f32[64,6144]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}",
+        "}",
+        "%fused_dot (p2: bf16[8,64], p3: bf16[64,8]) -> f32[8,8] {",
+        "  ROOT %d2 = f32[8,8]{1,0} dot(%p2, %p3), lhs_contracting_dims={1}",
+    ]
+)
+
+
+def test_gpu_fp8_counts_each_kind_of_gemm():
+    """`gemm_counts` on optimized HLO as XLA:GPU prints it (operand names without their types):
+    an FP8 operand is known by its name's definition."""
+    counts = _module("gpu_fp8").gemm_counts(GPU_HLO)
+    assert counts == {
+        "FP8 cuBLAS GEMM": 1,
+        "cuBLAS GEMM": 1,
+        "Triton GEMM": 1,
+        "FP8 Triton GEMM": 1,  # not its fusion's dot again
+        "dot": 1,
+        "f8 converted": 1,
+    }
+
+
+def test_gpu_fp8_smoke_runs_the_whole_script_on_cpu(capsys):
+    """benchmarks/gpu_fp8.py has only ever run here with ``--smoke`` (the tiny shape on CPU):
+    every stage runs, XLA:CPU widens both FP8 operands of the linear (no FP8 GEMM here), and a
+    decode step's bytes are the weights it reads plus the whole KV cache."""
+    gpu_fp8 = _module("gpu_fp8")
+    gpu_fp8.main(["--smoke"])
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert rows[0]["linear_gemms"] == {"dot": 1, "f8 converted": 2}
+    row = rows[-1]
+    assert (row["model"], row["batch"], row["prompt"], row["new"]) == ("tiny", 4, 8, 4)
+    assert "f8 converted" in row["fp8"]["decode_gemms"], row
+    assert "f8 converted" not in row["bf16"]["decode_gemms"], row
+    for label in ("bf16", "fp8"):
+        assert row[label]["generate_s"] > 0 and row[label]["prefill_s"] > 0
+        assert row[label]["compile_s"]["generate"] > 0
+    config = gpu_fp8.ModelConfig.tiny()
+    params = init_params(config, jax.random.key(0), jnp.bfloat16)
+    layer_bytes = sum(x.size * 2 for x in jax.tree.leaves(params["layers"]))
+    weights = layer_bytes + params["embed"].size * 2 + params["final_norm"].size * 2
+    kv = 2 * config.num_layers * 4 * config.num_kv_heads * 12 * config.head_dim * 2
+    assert gpu_fp8.kv_cache_bytes(config, 4, 12, jnp.bfloat16) == kv
+    assert row["bf16"]["step_gb"] * 1e9 == pytest.approx(weights + kv, rel=1e-9)
+    untied = params | {"lm_head": params["embed"] + 1}  # the table is not read, the head is
+    assert gpu_fp8.decode_weight_bytes(untied) == weights
+    assert 1 < row["byte_ratio"] < 2
+
+
+def test_grpo_step_report_adds_device_memory_on_an_accelerator(capsys):
+    grpo_step = _module("grpo_step")
+    row = dict(rollout=0.05, score=0.0, update=0.1, peak_gib=3.0, cpu=0.2, steps_s=[0.15])
+    results = {
+        "ais_jax-bf16": row | {"step": 0.15, "device_peak_gib": 1.25, "version": "a"},
+        "trl": row | {"step": 0.6, "device_peak_gib": 2.5, "version": "t"},
+    }
+    grpo_step.report("small", results)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    assert "device peak GiB" in lines[0]
+    header = [c.strip() for c in lines[0].split("|")[1:-1]]
+    ais = next(line for line in lines if line.split()[1] == "ais_jax-bf16")
+    cells = dict(zip(header, (c.strip() for c in ais.split("|")[1:-1]), strict=True))
+    assert cells["device peak GiB"] == "1.25" and cells["step s"] == "0.150"
+    assert cells["fastest peer step / step"] == "4.00x"

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Issue 19's GPU checks in one prepared run, for a lent NVIDIA GPU machine (Hopper: H100/H200):
+#   1. benchmarks/gpu_fp8.py: which GEMMs XLA picks for the FP8 matmuls (cuBLASLt FP8 or not),
+#      FP8 vs BF16 decode tokens/s on Qwen3-1.7B/8B shapes at batch 64 and 256, and BF16
+#      decode as a fraction of the HBM-bandwidth bound;
+#   2. benchmarks/grpo_step.py on the GPU: ais_jax (bf16 and FP8 rollouts) beside TRL's
+#      GRPOTrainer, which runs in the machine's own python3 (torch, transformers, accelerate)
+#      with the wheels TRL needs beyond those carried in .whl/ (see below). tunix is not run
+#      there: its dependencies (grain, qwix, metrax, tensorflow-datasets, ...) are not on the
+#      machine.
+#
+# Prepare here, once (Python 3.12 wheels for the GPU machine, ignored by git):
+#   echo /.whl/ >> .git/info/exclude
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#     --implementation cp --platform manylinux2014_x86_64 -d .whl \
+#     trl==1.16.0 datasets==4.7.0 dill==0.4.0 multiprocess==0.70.18
+# then run it there with .whl carried:  bash benchmarks/gpu_session.sh
+# Results go to $OUT (the device tool's folder; /tmp/gpu_session elsewhere). Environment:
+# FP8_ARGS (extra gpu_fp8.py arguments, e.g. --quick), FP8_TIMEOUT, STEP_SIZES (default
+# small), STEP_ENGINES, STEP_TIMEOUT (seconds), PYTHON and TRL_PYTHON (default python3), PARTS
+# (default "fp8 step": both; one of them alone, as two calls of the device tool).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-/tmp/gpu_session}"
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=3
+PY="${PYTHON:-python3}"
+if compgen -G ".whl/*.whl" > /dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+{
+  date -u
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
+  "$PY" -c "import jax, sys; print('python', sys.version.split()[0], 'jax', jax.__version__, jax.devices())"
+} 2>&1 | tee "$OUT/env.txt"
+
+PARTS="${PARTS:-fp8 step}"
+if [[ " $PARTS " == *" fp8 "* ]]; then
+  t0=$(date +%s)
+  timeout "${FP8_TIMEOUT:-330}" "$PY" benchmarks/gpu_fp8.py ${FP8_ARGS:-} 2> "$OUT/gpu_fp8.err" \
+    | tee "$OUT/gpu_fp8.jsonl"
+  echo "gpu_fp8.py: exit ${PIPESTATUS[0]} after $(( $(date +%s) - t0 )) s" | tee -a "$OUT/env.txt"
+  tail -n 5 "$OUT/gpu_fp8.err"
+fi
+
+if [[ " $PARTS " == *" step "* ]]; then
+  t0=$(date +%s)
+  timeout "${STEP_TIMEOUT:-220}" "$PY" benchmarks/grpo_step.py --sizes "${STEP_SIZES:-small}" \
+    --engines "${STEP_ENGINES:-ais_jax-bf16,ais_jax-fp8,trl}" --steps 3 --warmup 1 \
+    --trl-python "${TRL_PYTHON:-$(command -v "$PY")}" 2>&1 | tee "$OUT/grpo_step.txt"
+  echo "grpo_step.py: exit ${PIPESTATUS[0]} after $(( $(date +%s) - t0 )) s" | tee -a "$OUT/env.txt"
+fi
