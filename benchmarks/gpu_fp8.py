@@ -36,7 +36,14 @@ import jax.numpy as jnp
 
 from ais_jax.model import forward_cached, init_cache, init_params
 from ais_jax.model_config import ModelConfig
-from ais_jax.quant import linear, quantize_fp8, quantize_weight, tree_bytes
+from ais_jax.quant import (
+    FORMATS,
+    linear,
+    quantize_activation,
+    quantize_fp8,
+    quantize_weight,
+    tree_bytes,
+)
 from ais_jax.sampler import _generate_jit, decode_params, resolve_layout
 
 GEMM_TARGETS = (  # (kind, what marks it on its instruction's line of optimized HLO)
@@ -195,23 +202,103 @@ def bench(config, params, batch: int, prompt: int, new: int, repeats: int) -> di
     }
 
 
+MODELS = {"qwen3-1.7b": ModelConfig.qwen3_1p7b, "qwen3-8b": ModelConfig.qwen3_8b}
+
+
+def _linear_variants() -> dict:
+    """``name -> f(x, w, q, xq)``: one layer's matmul as each variant runs it (``w`` the bf16
+    weight, ``q`` its FP8 `QArray`, ``xq`` = (codes, scale) of ``x`` quantized once, outside)."""
+
+    def scaled_dequant(x, w, q, xq):  # the dequantize-then-dot form of XLA's FP8 GEMM pattern
+        codes, scale = quantize_activation(x, FORMATS[q.fmt])
+        dq = lambda c, s: c.astype(BF16) * s.astype(BF16)  # noqa: E731
+        return jnp.einsum("mi,oi->mo", dq(codes, scale), dq(q.quant, q.scale))
+
+    return {
+        "bf16": lambda x, w, q, xq: linear(x, w),
+        "fp8 linear": lambda x, w, q, xq: linear(x, q),  # what the rollout runs
+        "fp8 GEMM alone": lambda x, w, q, xq: jnp.einsum(
+            "mi,oi->mo", xq[0], q.quant, preferred_element_type=jnp.float32
+        ).astype(BF16),
+        "fp8 scaled-dequant form": scaled_dequant,
+    }
+
+
+def bench_linears(config: ModelConfig, batches, repeats: int) -> list[dict]:
+    """Each `_linear_variants` variant over the decode step's matmul shapes: one program runs
+    the variant once per layer, over ``num_layers`` distinct weights (as a decode step does,
+    so no call is hoisted or cached), summing the outputs; microseconds per matmul and the
+    weight bytes read per second."""
+    D, F = config.hidden_size, config.intermediate_size
+    HE = config.num_heads * config.head_dim
+    L = config.num_layers
+    rows = []
+    for label, (out_dim, in_dim) in {"qkv/o": (HE, D), "gate/up": (F, D), "down": (D, F)}.items():
+        keys = jax.random.split(jax.random.key(2), L)
+        ws = [(0.02 * jax.random.normal(k, (out_dim, in_dim))).astype(BF16) for k in keys]
+        qs = [quantize_weight(w) for w in ws]
+        for batch in batches:
+            x = jax.random.normal(jax.random.key(3), (batch, in_dim), BF16)
+            xq = quantize_activation(x, FORMATS["float8_e4m3fn"])
+            row: dict = {"matmul": label, "shape": [out_dim, in_dim], "batch": batch}
+            for name, f in _linear_variants().items():
+
+                def layers(x, ws, qs, xq, f=f):
+                    ys = [f(x, w, q, xq) for w, q in zip(ws, qs, strict=True)]
+                    return sum(y.astype(jnp.float32) for y in ys)
+
+                compiled = jax.jit(layers).lower(x, ws, qs, xq).compile()
+                jax.block_until_ready(compiled(x, ws, qs, xq))
+                times = []
+                for _ in range(repeats):
+                    t0 = time.perf_counter()
+                    jax.block_until_ready(compiled(x, ws, qs, xq))
+                    times.append(time.perf_counter() - t0)
+                per_matmul = statistics.median(times) / L
+                wbytes = out_dim * in_dim * (2 if name == "bf16" else 1)
+                row[name] = {
+                    "us": per_matmul * 1e6,
+                    "weight_gbs": wbytes / per_matmul / 1e9,
+                    "gemms": gemm_counts(compiled.as_text()),
+                }
+            rows.append(row)
+    return rows
+
+
 def shapes(args) -> dict[str, tuple[ModelConfig, tuple[int, ...]]]:
     if args.smoke:
         return {"tiny": (ModelConfig.tiny(), (4,))}
-    out = {"qwen3-1.7b": (ModelConfig.qwen3_1p7b(), (64,) if args.quick else (64, 256))}
-    if not args.quick:
-        out["qwen3-8b"] = (ModelConfig.qwen3_8b(), (64, 256))
-    return out
+    if args.quick:
+        return {"qwen3-1.7b": (ModelConfig.qwen3_1p7b(), (64,))}
+    return {name: (MODELS[name](), args.batches) for name in args.models}
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="1.7B shape, batch 64 only")
     ap.add_argument("--smoke", action="store_true", help="tiny shape, batch 4, any backend")
+    ap.add_argument("--models", default=",".join(MODELS), help=f"of {', '.join(MODELS)}")
+    ap.add_argument("--batches", default="64,256")
+    ap.add_argument(
+        "--linears",
+        action="store_true",
+        help="also time one decode step's matmuls alone, per variant (bf16, FP8 as `linear` "
+        "runs it, the FP8 GEMM alone, the scaled-dequant form), on the first model's shapes",
+    )
+    ap.add_argument(
+        "--decode",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the decode throughput rows (--no-decode: only the HLO check and --linears)",
+    )
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new", type=int, default=128)
     args = ap.parse_args(argv)
+    args.batches = tuple(int(b) for b in args.batches.split(","))
+    args.models = args.models.split(",")
+    if unknown := [m for m in args.models if m not in MODELS]:
+        ap.error(f"--models: unknown {unknown}; known: {', '.join(MODELS)}")
     if args.smoke:
         args.prompt, args.new, args.repeats = min(args.prompt, 8), min(args.new, 4), 1
     elif jax.default_backend() != "gpu":
@@ -223,8 +310,12 @@ def main(argv: list[str] | None = None) -> None:
     check_linear_hlo(out)
     out["hbm_gbs"] = hbm_bandwidth_gbs(1 << 20 if args.smoke else 1 << 28)
     print(json.dumps(out), flush=True)
+    if args.linears:
+        config, batches = next(iter(shapes(args).values()))
+        for row in bench_linears(config, batches, args.repeats):
+            print(json.dumps(row), flush=True)
     slots = args.prompt + args.new
-    for name, (config, batches) in shapes(args).items():
+    for name, (config, batches) in shapes(args).items() if args.decode else ():
         t0 = time.perf_counter()
         # one program each (eager, every layer's slice would compile its own)
         stacked = jax.jit(init_params, static_argnums=(0, 2))(config, jax.random.key(0), BF16)

@@ -19,11 +19,18 @@
 # FP8_ARGS (extra gpu_fp8.py arguments, e.g. --quick), FP8_TIMEOUT, STEP_SIZES (default
 # small), STEP_ENGINES, STEP_TIMEOUT (seconds), PYTHON and TRL_PYTHON (default python3), PARTS
 # (default "fp8 step": both; one of them alone, as two calls of the device tool).
+#
+# Time on an H200 (2026-12-04, jax 0.11.2): the whole gpu_fp8.py ran about 9.5 minutes, most of
+# it compiling (25-57 s per generate program, FP8 the slower, 12-23 s per prefill), more than a
+# call may run beside the step benchmark (3 minutes for the small size). On a 15-minute lease,
+# split it: FP8_ARGS="--models qwen3-8b" (the target's shape, ~5 minutes), then
+# FP8_ARGS="--models qwen3-1.7b" with PARTS=fp8, then PARTS=step; and to see where an FP8
+# matmul's time goes, FP8_ARGS="--models qwen3-8b --linears --no-decode" with PARTS=fp8.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/gpu_session}"
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=3
+export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=3 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 PY="${PYTHON:-python3}"
 if compgen -G ".whl/*.whl" > /dev/null; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \

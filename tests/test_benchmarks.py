@@ -243,13 +243,20 @@ def test_gpu_fp8_counts_each_kind_of_gemm():
 
 
 def test_gpu_fp8_smoke_runs_the_whole_script_on_cpu(capsys):
-    """benchmarks/gpu_fp8.py has only ever run here with ``--smoke`` (the tiny shape on CPU):
-    every stage runs, XLA:CPU widens both FP8 operands of the linear (no FP8 GEMM here), and a
-    decode step's bytes are the weights it reads plus the whole KV cache."""
+    """benchmarks/gpu_fp8.py ``--smoke`` (the tiny shape on CPU; the GPU runs its full shapes):
+    every stage runs, XLA:CPU widens both FP8 operands of the linear (no FP8 GEMM here), each
+    matmul variant runs once per layer, and a decode step's bytes are the weights it reads plus
+    the whole KV cache."""
     gpu_fp8 = _module("gpu_fp8")
-    gpu_fp8.main(["--smoke"])
+    gpu_fp8.main(["--smoke", "--linears"])
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert rows[0]["linear_gemms"] == {"dot": 1, "f8 converted": 2}
+    matmuls = [r for r in rows if "matmul" in r]
+    assert [r["matmul"] for r in matmuls] == ["qkv/o", "gate/up", "down"]
+    for r in matmuls:
+        assert set(r) - {"matmul", "shape", "batch"} == set(gpu_fp8._linear_variants())
+        assert r["bf16"]["gemms"] == {"dot": 4}  # one per layer of the tiny model
+        assert min(r[v]["us"] for v in gpu_fp8._linear_variants()) > 0
     row = rows[-1]
     assert (row["model"], row["batch"], row["prompt"], row["new"]) == ("tiny", 4, 8, 4)
     assert "f8 converted" in row["fp8"]["decode_gemms"], row
