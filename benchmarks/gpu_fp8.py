@@ -25,11 +25,13 @@ the whole script on the tiny shape on any backend (what the test suite does on C
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import re
 import statistics
 import time
 from collections import Counter
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -169,8 +171,13 @@ def compiled_programs(config, params, batch: int, prompt: int, new: int):
     return gen, pre, {"generate": t1 - t0, "prefill": t2 - t1}
 
 
-def bench(config, params, batch: int, prompt: int, new: int, repeats: int) -> dict:
+def bench(
+    config, params, batch: int, prompt: int, new: int, repeats: int, hlo_path: Path | None = None
+) -> dict:
     gen, pre, compile_s = compiled_programs(config, params, batch, prompt, new)
+    if hlo_path is not None:  # the optimized generate program, to read which GEMM is which
+        hlo_path.parent.mkdir(parents=True, exist_ok=True)
+        hlo_path.write_bytes(gzip.compress(gen.as_text().encode()))
     prompts = jax.random.randint(jax.random.key(1), (batch, prompt), 0, config.vocab_size)
     mask = jnp.ones((batch, prompt), bool)
     one, vocab = jnp.float32(1), jnp.int32(config.vocab_size)
@@ -285,6 +292,7 @@ def main(argv: list[str] | None = None) -> None:
         help="also time one decode step's matmuls alone, per variant (bf16, FP8 as `linear` "
         "runs it, the FP8 GEMM alone, the scaled-dequant form), on the first model's shapes",
     )
+    ap.add_argument("--hlo-dir", type=Path, help="save each generate program's optimized HLO")
     ap.add_argument(
         "--decode",
         action=argparse.BooleanOptionalAction,
@@ -331,7 +339,8 @@ def main(argv: list[str] | None = None) -> None:
             kv = kv_cache_bytes(config, batch, slots, jnp.bfloat16)
             step_bytes = {}
             for label, params in (("bf16", bf16), ("fp8", fp8)):
-                r = bench(config, params, batch, args.prompt, args.new, args.repeats)
+                hlo = args.hlo_dir and args.hlo_dir / f"{name}_b{batch}_{label}.hlo.txt.gz"
+                r = bench(config, params, batch, args.prompt, args.new, args.repeats, hlo)
                 step_bytes[label] = decode_weight_bytes(params) + kv
                 step_s = r["decode_s"] / (args.new - 1)
                 r["step_gb"] = step_bytes[label] / 1e9

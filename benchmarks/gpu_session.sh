@@ -45,9 +45,10 @@ fi
 PARTS="${PARTS:-fp8 step}"
 if [[ " $PARTS " == *" fp8 "* ]]; then
   t0=$(date +%s)
-  timeout "${FP8_TIMEOUT:-330}" "$PY" benchmarks/gpu_fp8.py ${FP8_ARGS:-} 2> "$OUT/gpu_fp8.err" \
-    | tee "$OUT/gpu_fp8.jsonl"
+  timeout "${FP8_TIMEOUT:-330}" "$PY" benchmarks/gpu_fp8.py --hlo-dir /tmp/gpu_fp8_hlo \
+    ${FP8_ARGS:-} 2> "$OUT/gpu_fp8.err" | tee "$OUT/gpu_fp8.jsonl"
   echo "gpu_fp8.py: exit ${PIPESTATUS[0]} after $(( $(date +%s) - t0 )) s" | tee -a "$OUT/env.txt"
+  tar -cf "$OUT/gpu_fp8_hlo.tar" -C /tmp gpu_fp8_hlo 2> /dev/null  # one file back, not eight
   tail -n 5 "$OUT/gpu_fp8.err"
 fi
 
