@@ -348,6 +348,10 @@ class OptimConfig:
     schedule: Literal["constant", "cosine"] = "constant"
     ppo_epochs: int = 1
     minibatches: int = 1
+    # Recompute each decoder layer in the update's backward pass instead of keeping its
+    # activations (`model.recompute_layer`): a forward pass more compute for an update whose
+    # temporaries hold one layer's activations and the residual stream (Qwen3 models).
+    remat: bool = False
 
     def __post_init__(self):
         s = "optim"
@@ -372,6 +376,7 @@ class OptimConfig:
         )
         _check(self.ppo_epochs >= 1, s, "ppo_epochs", self.ppo_epochs, "must be >= 1")
         _check(self.minibatches >= 1, s, "minibatches", self.minibatches, "must be >= 1")
+        _check(isinstance(self.remat, bool), s, "remat", self.remat, "must be true or false")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -522,6 +527,13 @@ class TrainConfig:
             "kl_coef",
             self.loss.kl_coef,
             "model.family=llada trains without a reference policy for now; use 0",
+        )
+        _check(
+            not self.optim.remat,
+            "optim",
+            "remat",
+            self.optim.remat,
+            "model.family=llada's trainer does not recompute layers; use false",
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -285,6 +285,27 @@ def recompute_in_backward(fn: Callable[..., jax.Array]) -> Callable[..., jax.Arr
     return wrapped
 
 
+def recompute_layer(layer: Callable) -> Callable:
+    """``layer(lp, xs, consts) -> ys`` (a decoder layer, or a group of them: ``lp`` its params,
+    ``xs`` a tuple of activations, ``ys`` a tuple of the same shapes, ``consts`` arrays with no
+    gradient such as positions and masks) whose backward pass recomputes everything the layer
+    computed from ``lp`` and ``xs`` (rematerialisation, as `jax.checkpoint` would, which XLA:CPU
+    undoes; see `recompute_in_backward` for the trick used instead). Between the forward and
+    the backward pass only the layer's inputs stay alive, the residual stream, instead of its
+    every intermediate; the price is a second run of its forward, in the backward pass.
+    """
+
+    def backward(residuals, g_ys):
+        lp, xs, consts = residuals
+        tied = tuple(x + (g * 0).astype(x.dtype) for x, g in zip(xs, g_ys, strict=True))
+        grads = jax.vjp(lambda lp, xs: layer(lp, xs, consts), lp, tied)[1](g_ys)
+        return (*grads, None)  # no gradient for the constants
+
+    wrapped = jax.custom_vjp(layer)
+    wrapped.defvjp(lambda lp, xs, consts: (layer(lp, xs, consts), (lp, xs, consts)), backward)
+    return wrapped
+
+
 def _cache_layout(k_BSKE: jax.Array, v_BSKE: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Projected keys/values ``[B, S, K, E]`` in `attention`'s layouts: ``[B, K, S, E]`` and
     ``[B, K, E, S]``."""
@@ -401,32 +422,50 @@ def forward(
     mask_BS: jax.Array | None = None,
     *,
     return_hidden: bool = False,
+    remat: bool = False,
 ) -> jax.Array:
     """Logits ``[B, S, V]`` (float32) of a left-padded batch; ``mask_BS`` marks valid tokens.
 
     Padded positions give finite values that no valid position depends on. With
     ``return_hidden`` the last layer's output ``[B, S, D]`` instead (before the final norm).
+    With ``remat`` the backward pass recomputes each layer (`recompute_layer`; Qwen3 only).
     """
     if (family := _family(config)) is not None:
+        _check_remat(remat, config)
         return family.forward(params, config, tokens_BS, mask_BS, return_hidden=return_hidden)
     mask_BS = _valid(tokens_BS, mask_BS)
-    x_BSD = _decoder(params, config, tokens_BS, mask_BS)
+    x_BSD = _decoder(params, config, tokens_BS, mask_BS, remat)
     if return_hidden:
         return x_BSD
     return _logits(params, config, x_BSD, mask_BS)
 
 
 def final_hidden(
-    params: Params, config: ModelConfig, tokens_BS: jax.Array, mask_BS: jax.Array | None = None
+    params: Params,
+    config: ModelConfig,
+    tokens_BS: jax.Array,
+    mask_BS: jax.Array | None = None,
+    *,
+    remat: bool = False,
 ) -> jax.Array:
     """The final-normed hidden states ``[B, S, D]`` (compute dtype) of a left-padded batch:
     ``forward(...) == head_logits(params, final_hidden(...), mask_BS)``, so a caller can apply
-    the LM head to a few positions at a time instead of holding all ``[B, S, V]`` logits."""
+    the LM head to a few positions at a time instead of holding all ``[B, S, V]`` logits.
+    ``remat`` as in `forward`."""
     if (family := _family(config)) is not None:
+        _check_remat(remat, config)
         return family.final_hidden(params, config, tokens_BS, mask_BS)
     mask_BS = _valid(tokens_BS, mask_BS)
-    x_BSD = _decoder(params, config, tokens_BS, mask_BS)
+    x_BSD = _decoder(params, config, tokens_BS, mask_BS, remat)
     return rms_norm(x_BSD, params["final_norm"], config.rms_norm_eps)
+
+
+def _check_remat(remat: bool, config) -> None:
+    if remat:
+        raise ValueError(
+            f"remat=True (optim.remat): recomputing layers in the backward pass is implemented "
+            f"for Qwen3 models (ModelConfig), not {type(config).__name__}; use remat=False"
+        )
 
 
 def response_hidden(
@@ -436,6 +475,8 @@ def response_hidden(
     prompt_mask_NP: jax.Array,
     tokens_BT: jax.Array,
     mask_BT: jax.Array,
+    *,
+    remat: bool = False,
 ) -> jax.Array:
     """The final-normed hidden states ``[B, T, D]`` whose logits score ``tokens_BT``: positions
     P - 1 ... P + T - 2 of the rows ``[prompt, tokens]``, where the B rows come in N groups of
@@ -452,6 +493,8 @@ def response_hidden(
     log-probs then moved off the trainer's by 3.6e-3 on average). With prompts of P and
     responses of T tokens the decoder runs on P / G + T - 1 positions per row instead of
     P + T.
+
+    ``remat``: each layer (its prompt and response parts together) under `recompute_layer`.
 
     Not used for one prompt per row (G = 1): with it, the default job's 1,500-step SFT warm
     start ended at a loss of 0.34 instead of 0.20 and its 30 GRPO steps gained 2 points of
@@ -474,14 +517,18 @@ def response_hidden(
     allowed_BSX = jnp.tril(jnp.ones((S, P + S), bool), k=P)[None] & valid_BX[:, None, :]
     x_NPD = embed(params["embed"], prompt_tokens_NP)
     x_BSD = embed(params["embed"], tokens_BS)
-    for i in range(config.num_layers):
-        lp, prompt_kv = _layer_params(params, i), []
 
-        def attend_prompt(q_NPHE, k_NPKE, v_NPKE, prompt_kv=prompt_kv):
+    def layer(lp, xs, consts):
+        """One layer over the prompts, then over the responses, which attend to its keys and
+        values of their prompt (``xs`` = (x_NPD, x_BSD))."""
+        (x_NPD, x_BSD), prompt_kv = xs, []
+        positions_NP, prompt_mask_NP, positions_BS, mask_BS, allowed_NPP, allowed_BSX = consts
+
+        def attend_prompt(q_NPHE, k_NPKE, v_NPKE):
             prompt_kv[:] = k_NPKE, v_NPKE  # this layer's, for the responses' attention below
             return attention(q_NPHE, *_cache_layout(k_NPKE, v_NPKE), allowed_NPP)
 
-        def attend_response(q_BSHE, k_BSKE, v_BSKE, prompt_kv=prompt_kv):
+        def attend_response(q_BSHE, k_BSKE, v_BSKE):
             k_BXKE, v_BXKE = (
                 jnp.concatenate([fan_out(a_NPKE), a_BSKE], axis=1)
                 for a_NPKE, a_BSKE in zip(prompt_kv, (k_BSKE, v_BSKE), strict=True)
@@ -491,6 +538,12 @@ def response_hidden(
         x_NPD = _layer(lp, config, x_NPD, positions_NP, prompt_mask_NP, attend_prompt)
         if S:
             x_BSD = _layer(lp, config, x_BSD, positions_BS, mask_BS, attend_response)
+        return x_NPD, x_BSD
+
+    layer = recompute_layer(layer) if remat else layer
+    consts = (positions_NP, prompt_mask_NP, positions_BS, mask_BS, allowed_NPP, allowed_BSX)
+    for i in range(config.num_layers):
+        x_NPD, x_BSD = layer(_layer_params(params, i), (x_NPD, x_BSD), consts)
     norm = lambda x: rms_norm(x, params["final_norm"], config.rms_norm_eps)  # noqa: E731
     return jnp.concatenate([fan_out(norm(x_NPD)[:, -1:]), norm(x_BSD)], axis=1)
 
@@ -528,16 +581,25 @@ def _valid(tokens_BS: jax.Array, mask_BS: jax.Array | None) -> jax.Array:
     return mask_BS.astype(bool)
 
 
-def _decoder(params: Params, config: ModelConfig, tokens_BS, mask_BS) -> jax.Array:
-    """Embedding and every decoder layer of a full sequence: ``[B, S, D]`` before the norm."""
+def _decoder(
+    params: Params, config: ModelConfig, tokens_BS, mask_BS, remat: bool = False
+) -> jax.Array:
+    """Embedding and every decoder layer of a full sequence: ``[B, S, D]`` before the norm;
+    with ``remat`` each layer under `recompute_layer`."""
     S = tokens_BS.shape[1]
     positions_BS = positions_from_mask(mask_BS)
     causal_SS = jnp.tril(jnp.ones((S, S), bool))
     allowed_BSS = causal_SS[None] & mask_BS[:, None, :]
     x_BSD = embed(params["embed"], tokens_BS)
-    attend = lambda q, k, v: attention(q, *_cache_layout(k, v), allowed_BSS)  # noqa: E731
+
+    def layer(lp, xs, consts):
+        positions_BS, mask_BS, allowed_BSS = consts
+        attend = lambda q, k, v: attention(q, *_cache_layout(k, v), allowed_BSS)  # noqa: E731
+        return (_layer(lp, config, xs[0], positions_BS, mask_BS, attend),)
+
+    layer = recompute_layer(layer) if remat else layer
     for i in range(config.num_layers):
-        x_BSD = _layer(_layer_params(params, i), config, x_BSD, positions_BS, mask_BS, attend)
+        (x_BSD,) = layer(_layer_params(params, i), (x_BSD,), (positions_BS, mask_BS, allowed_BSS))
     return x_BSD
 
 

@@ -602,6 +602,7 @@ def token_logprobs(
     temperature: float | jax.Array = 1.0,
     return_entropy: bool = False,
     chunk_logits: int = LOGITS_CHUNK,
+    remat: bool = False,
 ):
     """Log-probs ``[B, T]`` (float32) of given response tokens under a full-sequence forward.
 
@@ -628,13 +629,16 @@ def token_logprobs(
     multiple of C. The values are those of ``log_softmax(forward(...))``: each position's
     logits are the same dot. A quantized LM head (`QArray`) takes one dynamic activation
     scale over every valid position of the sequence, so it keeps the unchunked path.
+
+    ``remat``: under a gradient, each decoder layer's activations are recomputed in the
+    backward pass instead of kept (`model.recompute_layer`; Qwen3 models only).
     """
     N, P = prompt_tokens_NP.shape
     B, T = tokens_BT.shape
     G = rows_per_prompt(N, B)
     if G > 1 and _shares_prompts(params, config):
         hidden_BTD = response_hidden(
-            params, config, prompt_tokens_NP, prompt_mask_NP, tokens_BT, mask_BT
+            params, config, prompt_tokens_NP, prompt_mask_NP, tokens_BT, mask_BT, remat=remat
         )
         logp_BT, entropy_BT = _chunked_logp_entropy(
             params, hidden_BTD, tokens_BT, temperature, chunk_logits
@@ -646,12 +650,12 @@ def token_logprobs(
         seq_BS = jnp.concatenate([prompt_tokens_BP, tokens_BT], axis=1)
         seq_mask_BS = jnp.concatenate([prompt_mask_BP, mask_BT], axis=1).astype(bool)
         if isinstance(params.get("lm_head", params["embed"]), QArray):
-            logits_BSV = forward(params, config, seq_BS, seq_mask_BS)
+            logits_BSV = forward(params, config, seq_BS, seq_mask_BS, remat=remat)
             # the logits at position s predict the token at s + 1
             logits_BTV = jax.lax.dynamic_slice_in_dim(logits_BSV, P - 1, T, axis=1)
             logp_BT, entropy_BT = _logp_entropy(logits_BTV, tokens_BT, temperature)
         else:
-            hidden_BSD = final_hidden(params, config, seq_BS, seq_mask_BS)
+            hidden_BSD = final_hidden(params, config, seq_BS, seq_mask_BS, remat=remat)
             hidden_BTD = jax.lax.dynamic_slice_in_dim(hidden_BSD, P - 1, T, axis=1)
             logp_BT, entropy_BT = _chunked_logp_entropy(
                 params, hidden_BTD, tokens_BT, temperature, chunk_logits

@@ -327,6 +327,7 @@ def update(
             mb.mask,
             temperature=temperature,
             return_entropy=in_update,
+            remat=optim.remat,
         )
         logp_new_BT, logp_old_BT, extra = scored, mb.logp_old, {}
         if in_update:

@@ -145,7 +145,7 @@ def worker_ais_jax(a) -> dict:
     def setup(method: str) -> TrainConfig:
         return TrainConfig(
             steps=1000,
-            optim=OptimConfig(learning_rate=LR),
+            optim=OptimConfig(learning_rate=LR, remat=a.remat),
             rollout=rollout,
             correction=CorrectionConfig(method=method),
         )
@@ -208,6 +208,8 @@ def worker_ais_jax(a) -> dict:
     )
     if a.decode_layout != "auto":
         result["version"] += f", decode layout {a.decode_layout}"
+    if a.remat:
+        result["version"] += ", optim.remat"
     if jax.default_backend() != "cpu":
         result["version"] += f", {jax.devices()[0].device_kind}"
     if jax.device_count() > 1:
@@ -619,6 +621,11 @@ def main() -> None:
         help="ais_jax: comma-separated JAX CPU device counts, one row each (1: the default "
         "single device; N > 1: the batch sharded over N devices, e.g. 1,2)",
     )
+    p.add_argument(
+        "--ais-remat",
+        action="store_true",
+        help="ais_jax: add a row per engine with optim.remat (layers recomputed in the backward)",
+    )
     p.add_argument("--trl-python", default=str(PEER_ROOT / "trl-venv/bin/python"))
     p.add_argument("--tunix-python", default=str(PEER_ROOT / "tunix-venv/bin/python"))
     p.add_argument("--verbose", action="store_true")
@@ -632,6 +639,7 @@ def main() -> None:
     p.add_argument("--cost", action="store_true")
     p.add_argument("--own-prompts", action="store_true", help="every row runs its own prompt")
     p.add_argument("--cpu-devices", type=int, default=1, help="JAX CPU devices of the worker")
+    p.add_argument("--remat", action="store_true", help="ais_jax: optim.remat (worker)")
     args = p.parse_args()
     if args.worker:
         return run_worker(args)
@@ -656,6 +664,8 @@ def main() -> None:
                         name = engine if n == 1 else f"{engine} {n} CPU devices"
                         cost = i == 0 and engine == "ais_jax-bf16"
                         runs[name] = dict(engine=engine, cost=cost, cpu_devices=n)
+                    if args.ais_remat:
+                        runs[f"{engine} remat"] = dict(engine=engine, cost=True, remat=True)
                     if args.ais_variants and engine == "ais_jax-bf16":
                         runs[f"{engine} +score"] = dict(engine=engine, score=True)
                         runs[f"{engine} none"] = dict(engine=engine, correction="none")

@@ -498,6 +498,7 @@ def test_llada_tiny_yaml_loads():
         ),
         ({**LLADA, "rollout": {"top_k": 5}}, ["rollout.top_k=5", "full softmax"]),
         ({**LLADA, "loss": {"kl_coef": 0.1}}, ["loss.kl_coef=0.1", "use 0"]),
+        ({**LLADA, "optim": {"remat": True}}, ["optim.remat=True", "use false"]),
         ({"model": {"family": "llada", "head_dim": 16}}, ["model.head_dim=16", "hidden_size"]),
         (
             {"model": {"family": "llada", "checkpoint": "ckpt"}},
