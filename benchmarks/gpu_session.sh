@@ -16,16 +16,17 @@
 #     trl==1.16.0 datasets==4.7.0 dill==0.4.0 multiprocess==0.70.18
 # then run it there with .whl carried:  bash benchmarks/gpu_session.sh
 # Results go to $OUT (the device tool's folder; /tmp/gpu_session elsewhere). Environment:
-# FP8_ARGS (extra gpu_fp8.py arguments, e.g. --quick), FP8_TIMEOUT, STEP_SIZES (default
-# small), STEP_ENGINES, STEP_TIMEOUT (seconds), PYTHON and TRL_PYTHON (default python3), PARTS
-# (default "fp8 step": both; one of them alone, as two calls of the device tool).
+# FP8_ARGS (gpu_fp8.py's arguments, default "--models qwen3-8b"), FP8_TIMEOUT, STEP_SIZES
+# (default small), STEP_ENGINES, STEP_ARGS (more grpo_step.py arguments, e.g. --ais-remat),
+# STEP_TIMEOUT (seconds), PYTHON and TRL_PYTHON (default python3), PARTS (default "fp8 step":
+# both; one of them alone, as two calls of the device tool).
 #
 # Time on an H200 (2026-12-04, jax 0.11.2): the whole gpu_fp8.py ran about 9.5 minutes, most of
 # it compiling (25-57 s per generate program, FP8 the slower, 12-23 s per prefill), more than a
 # call may run beside the step benchmark (3 minutes for the small size). On a 15-minute lease,
-# split it: FP8_ARGS="--models qwen3-8b" (the target's shape, ~5 minutes), then
-# FP8_ARGS="--models qwen3-1.7b" with PARTS=fp8, then PARTS=step; and to see where an FP8
-# matmul's time goes, FP8_ARGS="--models qwen3-8b --linears --no-decode" with PARTS=fp8.
+# split it: the default FP8_ARGS, the target's shape (~5 minutes), with the step benchmark in one
+# call; then FP8_ARGS="--models qwen3-1.7b" PARTS=fp8; and to see where an FP8 matmul's time
+# goes, FP8_ARGS="--models qwen3-8b --linears --no-decode" PARTS=fp8.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/gpu_session}"
@@ -45,8 +46,8 @@ fi
 PARTS="${PARTS:-fp8 step}"
 if [[ " $PARTS " == *" fp8 "* ]]; then
   t0=$(date +%s)
-  timeout "${FP8_TIMEOUT:-330}" "$PY" benchmarks/gpu_fp8.py --hlo-dir /tmp/gpu_fp8_hlo \
-    ${FP8_ARGS:-} 2> "$OUT/gpu_fp8.err" | tee "$OUT/gpu_fp8.jsonl"
+  timeout "${FP8_TIMEOUT:-360}" "$PY" benchmarks/gpu_fp8.py --hlo-dir /tmp/gpu_fp8_hlo \
+    ${FP8_ARGS:---models qwen3-8b} 2> "$OUT/gpu_fp8.err" | tee "$OUT/gpu_fp8.jsonl"
   echo "gpu_fp8.py: exit ${PIPESTATUS[0]} after $(( $(date +%s) - t0 )) s" | tee -a "$OUT/env.txt"
   tar -cf "$OUT/gpu_fp8_hlo.tar" -C /tmp gpu_fp8_hlo 2> /dev/null  # one file back, not eight
   tail -n 5 "$OUT/gpu_fp8.err"
@@ -54,8 +55,9 @@ fi
 
 if [[ " $PARTS " == *" step "* ]]; then
   t0=$(date +%s)
-  timeout "${STEP_TIMEOUT:-220}" "$PY" benchmarks/grpo_step.py --sizes "${STEP_SIZES:-small}" \
+  timeout "${STEP_TIMEOUT:-210}" "$PY" benchmarks/grpo_step.py --sizes "${STEP_SIZES:-small}" \
     --engines "${STEP_ENGINES:-ais_jax-bf16,ais_jax-fp8,trl}" --steps 3 --warmup 1 \
-    --trl-python "${TRL_PYTHON:-$(command -v "$PY")}" 2>&1 | tee "$OUT/grpo_step.txt"
+    --trl-python "${TRL_PYTHON:-$(command -v "$PY")}" ${STEP_ARGS:-} 2>&1 \
+    | tee "$OUT/grpo_step.txt"
   echo "grpo_step.py: exit ${PIPESTATUS[0]} after $(( $(date +%s) - t0 )) s" | tee -a "$OUT/env.txt"
 fi

@@ -291,3 +291,13 @@ def test_grpo_step_report_adds_device_memory_on_an_accelerator(capsys):
     cells = dict(zip(header, (c.strip() for c in ais.split("|")[1:-1]), strict=True))
     assert cells["device peak GiB"] == "1.25" and cells["step s"] == "0.150"
     assert cells["fastest peer step / step"] == "4.00x"
+
+
+def test_gpu_session_script_parses_and_names_existing_scripts():
+    """benchmarks/gpu_session.sh runs only on a lent GPU: here, bash parses it and every
+    benchmark it calls exists."""
+    script = BENCHMARKS / "gpu_session.sh"
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    called = set(re.findall(r"benchmarks/(\w+\.py)", script.read_text()))
+    assert called == {"gpu_fp8.py", "grpo_step.py"}
+    assert all((BENCHMARKS / name).exists() for name in called)
