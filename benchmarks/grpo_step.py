@@ -552,6 +552,11 @@ def run_engine(name: str, extra: dict, args, ckpt: str, peer_python: dict) -> di
     )
 
 
+def _times(ratio: float) -> str:
+    """A ratio as ``1.23x``; ``-`` where it could not be taken (no peer ran)."""
+    return f"{ratio:.2f}x" if ratio == ratio else "-"
+
+
 def report_rounds(size: str, rounds: list[dict[str, dict]]) -> None:
     """One line per round: each ais_jax engine's step and rollout throughput over the fastest
     peer's step and over TRL's rollout (transformers' `generate`), then their medians."""
@@ -568,9 +573,9 @@ def report_rounds(size: str, rounds: list[dict[str, dict]]) -> None:
             rollout = trl.get("rollout", float("nan")) / r.get("rollout", float("nan"))
             ratios.setdefault(f"{name} step", []).append(step)
             ratios.setdefault(f"{name} rollout", []).append(rollout)
-            row += [f"{step:.2f}x", f"{rollout:.2f}x"]
+            row += [_times(step), _times(rollout)]
         rows.append(row)
-    rows.append(["median"] + [f"{statistics.median(v):.2f}x" for v in ratios.values()])
+    rows.append(["median"] + [_times(statistics.median(v)) for v in ratios.values()])
     header = ["round"]
     for name in ais:
         header += [f"{name}: fastest peer step / step", f"TRL rollout / {name} rollout"]
