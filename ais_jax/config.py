@@ -350,7 +350,7 @@ class OptimConfig:
     minibatches: int = 1
     # Recompute each decoder layer in the update's backward pass instead of keeping its
     # activations (`model.recompute_layer`): a forward pass more compute for an update whose
-    # temporaries hold one layer's activations and the residual stream (Qwen3 models).
+    # temporaries hold one layer's activations and the residual stream.
     remat: bool = False
 
     def __post_init__(self):

@@ -428,11 +428,12 @@ def forward(
 
     Padded positions give finite values that no valid position depends on. With
     ``return_hidden`` the last layer's output ``[B, S, D]`` instead (before the final norm).
-    With ``remat`` the backward pass recomputes each layer (`recompute_layer`; Qwen3 only).
+    With ``remat`` the backward pass recomputes each layer (`recompute_layer`).
     """
     if (family := _family(config)) is not None:
-        _check_remat(remat, config)
-        return family.forward(params, config, tokens_BS, mask_BS, return_hidden=return_hidden)
+        return family.forward(
+            params, config, tokens_BS, mask_BS, return_hidden=return_hidden, remat=remat
+        )
     mask_BS = _valid(tokens_BS, mask_BS)
     x_BSD = _decoder(params, config, tokens_BS, mask_BS, remat)
     if return_hidden:
@@ -453,19 +454,10 @@ def final_hidden(
     the LM head to a few positions at a time instead of holding all ``[B, S, V]`` logits.
     ``remat`` as in `forward`."""
     if (family := _family(config)) is not None:
-        _check_remat(remat, config)
-        return family.final_hidden(params, config, tokens_BS, mask_BS)
+        return family.final_hidden(params, config, tokens_BS, mask_BS, remat=remat)
     mask_BS = _valid(tokens_BS, mask_BS)
     x_BSD = _decoder(params, config, tokens_BS, mask_BS, remat)
     return rms_norm(x_BSD, params["final_norm"], config.rms_norm_eps)
-
-
-def _check_remat(remat: bool, config) -> None:
-    if remat:
-        raise ValueError(
-            f"remat=True (optim.remat): recomputing layers in the backward pass is implemented "
-            f"for Qwen3 models (ModelConfig), not {type(config).__name__}; use remat=False"
-        )
 
 
 def response_hidden(

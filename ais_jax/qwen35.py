@@ -77,6 +77,7 @@ X conv taps, Y chunks and Z tokens per chunk.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -96,6 +97,7 @@ from ais_jax.model import (
     embed,
     head_logits,
     positions_from_mask,
+    recompute_layer,
     rope,
 )
 from ais_jax.quant import linear
@@ -808,27 +810,37 @@ def forward(
     *,
     return_hidden: bool = False,
     chunk_size: int = 64,
+    remat: bool = False,
 ) -> jax.Array:
     """Logits ``[B, S, V]`` (float32) of a left-padded batch; ``mask_BS`` marks valid tokens
     (positions are `model.positions_from_mask`'s). Padded positions give finite values that
     no valid position depends on. ``chunk_size`` is the delta rule's Z (any value gives the
-    same function)."""
+    same function). With ``remat`` the backward pass recomputes each layer
+    (`model.recompute_layer`)."""
     c = config
     B, S = tokens_BS.shape
     mask_BS = jnp.ones((B, S), bool) if mask_BS is None else mask_BS.astype(bool)
     positions_BS = positions_from_mask(mask_BS)
     allowed_BSS = jnp.tril(jnp.ones((S, S), bool))[None] & mask_BS[:, None, :]
     x_BSD = embed(params["embed"], tokens_BS)
-    empty = init_linear_state(c, B)
-    for i in range(c.num_layers):
-        lp = _layer_params(params, c, i)
+
+    def layer(kind: str, lp, xs, consts):
+        (x_BSD,), (positions_BS, mask_BS, allowed_BSS) = xs, consts
         h_BSD = rms_norm(x_BSD, lp["input_norm"], c.rms_norm_eps)
-        if c.layer_types[i] == "full_attention":
+        if kind == "full_attention":
             mixed = _gated_attention(lp, c, h_BSD, positions_BS, mask_BS, allowed_BSS)
         else:
+            empty = init_linear_state(c, B)
             mixed, _ = linear_attention(lp, c, h_BSD, mask_BS, empty, chunk_size=chunk_size)
         x_BSD = x_BSD + mixed
-        x_BSD = x_BSD + _mlp(lp, rms_norm(x_BSD, lp["post_norm"], c.rms_norm_eps), mask_BS)
+        return (x_BSD + _mlp(lp, rms_norm(x_BSD, lp["post_norm"], c.rms_norm_eps), mask_BS),)
+
+    layers = {kind: functools.partial(layer, kind) for kind in LAYER_TYPES}
+    if remat:
+        layers = {kind: recompute_layer(fn) for kind, fn in layers.items()}
+    for i in range(c.num_layers):
+        lp = _layer_params(params, c, i)
+        (x_BSD,) = layers[c.layer_types[i]](lp, (x_BSD,), (positions_BS, mask_BS, allowed_BSS))
     if return_hidden:
         return x_BSD
     x_BSD = rms_norm(x_BSD, params["final_norm"], c.rms_norm_eps)
@@ -842,10 +854,14 @@ def final_hidden(
     mask_BS: jax.Array | None = None,
     *,
     chunk_size: int = 64,
+    remat: bool = False,
 ) -> jax.Array:
     """The final-normed hidden states ``[B, S, D]``: ``forward(...) == model.head_logits(params,
-    final_hidden(...), mask_BS)`` (the split `model.final_hidden` documents)."""
-    x_BSD = forward(params, config, tokens_BS, mask_BS, return_hidden=True, chunk_size=chunk_size)
+    final_hidden(...), mask_BS)`` (the split `model.final_hidden` documents); ``remat`` as in
+    `forward`."""
+    x_BSD = forward(
+        params, config, tokens_BS, mask_BS, return_hidden=True, chunk_size=chunk_size, remat=remat
+    )
     return rms_norm(x_BSD, params["final_norm"], config.rms_norm_eps)
 
 

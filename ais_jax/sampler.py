@@ -631,7 +631,7 @@ def token_logprobs(
     scale over every valid position of the sequence, so it keeps the unchunked path.
 
     ``remat``: under a gradient, each decoder layer's activations are recomputed in the
-    backward pass instead of kept (`model.recompute_layer`; Qwen3 models only).
+    backward pass instead of kept (`model.recompute_layer`).
     """
     N, P = prompt_tokens_NP.shape
     B, T = tokens_BT.shape
