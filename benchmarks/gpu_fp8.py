@@ -228,6 +228,10 @@ def _linear_variants() -> dict:
             "mi,oi->mo", xq[0], q.quant, preferred_element_type=jnp.float32
         ).astype(BF16),
         "fp8 scaled-dequant form": scaled_dequant,
+        # one scale per row: a row reduction XLA may fuse with the quantization, no global amax
+        "fp8 linear, per-token scales": lambda x, w, q, xq: linear(
+            x, q.replace(act_scaling="token")
+        ),
     }
 
 
@@ -289,8 +293,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--linears",
         action="store_true",
-        help="also time one decode step's matmuls alone, per variant (bf16, FP8 as `linear` "
-        "runs it, the FP8 GEMM alone, the scaled-dequant form), on the first model's shapes",
+        help="also time one decode step's matmuls alone, per variant (`_linear_variants`: "
+        "bf16, FP8 as `linear` runs it, the FP8 GEMM alone, the scaled-dequant form, "
+        "per-token scales), on the first model's shapes",
     )
     ap.add_argument("--hlo-dir", type=Path, help="save each generate program's optimized HLO")
     ap.add_argument(
