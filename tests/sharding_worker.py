@@ -248,9 +248,26 @@ def check_grouped_train_step(ctx):
             jax.device_get(p.update(p.init(ctx["params"]), shd.shard_batch(batch, m), key))
         )
     (ref, ref_metrics), (out, metrics) = results
+    ctx["grouped"] = batch, ref, ref_metrics
     assert_trees_close(out.opt_state, ref.opt_state, what="opt_state")
     assert_metrics_close(metrics, ref_metrics, batch.advantages)
     assert "policy/entropy" in metrics and float(metrics["train/grad_norm"]) > 1e-3
+
+
+def check_remat_train_step(ctx):
+    """`optim.remat` on the 2x2x2 mesh: the grouped update of `check_grouped_train_step` with
+    every layer recomputed in its backward pass (`model.recompute_layer`, whose ``x + 0 * g``
+    ties are elementwise, sharded as the activations are) equals the 1-device update without
+    it, to the same tolerances."""
+    batch, ref, ref_metrics = ctx["grouped"]
+    optim = dataclasses.replace(OPTIM, minibatches=1, remat=True)
+    m = mesh(data=2, fsdp=2, tensor=2)
+    p = train.make_phases(m, TrainConfig(steps=1, optim=optim, rollout=BF16), CONFIG, eos_ids=(3,))
+    out, metrics = jax.device_get(
+        p.update(p.init(ctx["params"]), shd.shard_batch(batch, m), jax.random.key(1))
+    )
+    assert_trees_close(out.opt_state, ref.opt_state, what="opt_state")
+    assert_metrics_close(metrics, ref_metrics, batch.advantages)
 
 
 def check_no_recompile(ctx):
@@ -581,6 +598,7 @@ CHECKS = [
     check_layouts,
     check_train_step,
     check_grouped_train_step,
+    check_remat_train_step,
     check_no_recompile,
     check_score,
     check_score_bf16,

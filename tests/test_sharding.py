@@ -337,6 +337,7 @@ CHECKS = [
     "check_layouts",
     "check_train_step",
     "check_grouped_train_step",
+    "check_remat_train_step",
     "check_no_recompile",
     "check_score",
     "check_score_bf16",
