@@ -287,6 +287,20 @@ def _plain_autodiff(monkeypatch):
     monkeypatch.setattr(model, "swiglu", lambda gate, up: jax.nn.silu(gate) * up)
 
 
+def _scored_groups(vocab: int, N: int, G: int, P: int = 9, T: int = 24):
+    """N left-padded prompts (the first padded by 3) of G responses each (row 1 ending at 15
+    tokens) and a random weight per response token: what a GRPO-style log-prob loss scores."""
+    rng = np.random.default_rng(0)
+    prompt_mask = np.ones((N, P), bool)
+    prompt_mask[0, :3] = False
+    mask = np.ones((N * G, T), bool)
+    mask[1, 15:] = False
+    prompt = rng.integers(1, vocab, (N, P))
+    tokens = rng.integers(1, vocab, (N * G, T))
+    weights = jnp.asarray(rng.normal(size=(N * G, T)), jnp.float32)
+    return prompt, prompt_mask, tokens, mask, weights
+
+
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
 def test_recomputing_backward_keeps_gradients_and_frees_memory(dtype, monkeypatch):
     """Attention and SwiGLU recompute their forward in the backward pass: the gradients of a
@@ -300,15 +314,7 @@ def test_recomputing_backward_keeps_gradients_and_frees_memory(dtype, monkeypatc
 
     config = dataclasses.replace(QWEN3, num_layers=3)
     params = random_params(config)
-    rng = np.random.default_rng(0)
-    N, G, P, T = 3, 4, 9, 24
-    prompt_mask = np.ones((N, P), bool)
-    prompt_mask[0, :3] = False
-    mask = np.ones((N * G, T), bool)
-    mask[1, 15:] = False
-    prompt = rng.integers(1, config.vocab_size, (N, P))
-    tokens = rng.integers(1, config.vocab_size, (N * G, T))
-    weights = jnp.asarray(rng.normal(size=(N * G, T)), jnp.float32)
+    prompt, prompt_mask, tokens, mask, weights = _scored_groups(config.vocab_size, 3, 4)
 
     def loss(p):
         logp = token_logprobs(
@@ -378,15 +384,8 @@ def test_remat_recomputes_each_layer_with_the_same_gradients(group):
 
     config = dataclasses.replace(QWEN3, num_layers=3)
     params = random_params(config)
-    rng = np.random.default_rng(0)
-    N, P, T = 12 // group, 9, 24
-    prompt_mask = np.ones((N, P), bool)
-    prompt_mask[0, :3] = False
-    mask = np.ones((N * group, T), bool)
-    mask[1, 15:] = False
-    prompt = rng.integers(1, config.vocab_size, (N, P))
-    tokens = rng.integers(1, config.vocab_size, (N * group, T))
-    weights = jnp.asarray(rng.normal(size=(N * group, T)), jnp.float32)
+    N = 12 // group
+    prompt, prompt_mask, tokens, mask, weights = _scored_groups(config.vocab_size, N, group)
 
     def compiled(dtype, remat):
         def loss(p):

@@ -424,6 +424,14 @@ def _on_policy_batch(rng, prompt, prompt_mask, tokens, mask, logp_old):
     )
 
 
+def _random_rows(rng, B: int = 16, P: int = 3, T: int = 5, vocab: int = 64):
+    """B rows of P prompt tokens (unpadded) and up to T response tokens (each row at least 1)."""
+    prompt, prompt_mask = rng.integers(1, vocab, (B, P)).astype(np.int32), np.ones((B, P), bool)
+    tokens = rng.integers(1, vocab, (B, T)).astype(np.int32)
+    mask = np.arange(T)[None, :] < rng.integers(1, T + 1, (B, 1))
+    return prompt, prompt_mask, tokens, mask
+
+
 def _on_policy_pair(method: str, dtype: str):
     """One on-policy update two ways from the same params, batch and key: scored first (the
     score phase's logp_old, as before) and with ``logp_old=None`` (computed in the update).
@@ -442,10 +450,7 @@ def _on_policy_pair(method: str, dtype: str):
     phases = train.make_phases(make_mesh(MeshConfig()), cfg, SMALL, compute_dtype=jnp.dtype(dtype))
     params = model.init_params(SMALL, jax.random.key(0))
     rng = np.random.default_rng(0)
-    B, P, T = 16, 3, 5
-    prompt, prompt_mask = rng.integers(1, 64, (B, P)).astype(np.int32), np.ones((B, P), bool)
-    tokens = rng.integers(1, 64, (B, T)).astype(np.int32)
-    mask = np.arange(T)[None, :] < rng.integers(1, T + 1, (B, 1))
+    prompt, prompt_mask, tokens, mask = _random_rows(rng)
     logp_old, entropy = phases.score(params, prompt, prompt_mask, tokens, mask, np.float32(1.0))
     logp_old, entropy = np.asarray(logp_old), np.asarray(entropy)
     batch = _on_policy_batch(rng, prompt, prompt_mask, tokens, mask, logp_old)
@@ -514,11 +519,8 @@ def test_optim_remat_reaches_the_update():
     rollout = RolloutConfig(prompts_per_step=4, group_size=4, max_new_tokens=5)
     params = model.init_params(config, jax.random.key(0))
     rng = np.random.default_rng(0)
-    B, P, T = 16, 3, 5
-    prompt, prompt_mask = rng.integers(1, 64, (B, P)).astype(np.int32), np.ones((B, P), bool)
-    tokens = rng.integers(1, 64, (B, T)).astype(np.int32)
-    mask = np.arange(T)[None, :] < rng.integers(1, T + 1, (B, 1))
-    logp_old = rng.normal(-3.0, 1.0, (B, T)).astype(np.float32) * mask
+    prompt, prompt_mask, tokens, mask = _random_rows(rng)
+    logp_old = rng.normal(-3.0, 1.0, mask.shape).astype(np.float32) * mask
     batch = _on_policy_batch(rng, prompt, prompt_mask, tokens, mask, logp_old)
     key = jax.random.key(3)
     runs = {}
