@@ -26,7 +26,7 @@ pytestmark = pytest.mark.skipif(
 
 # Run in a fresh interpreter: glibc's malloc settings are the whole process's.
 FAULTS_PER_CALL = """
-import json, resource, sys
+import json, resource, statistics, sys
 import jax, jax.numpy as jnp
 from ais_jax import heap
 
@@ -45,11 +45,15 @@ def step(x_N):  # 40 MiB of temporaries, above the 32 MiB from which glibc maps 
 x_N = jax.random.normal(jax.random.key(0), (5 << 20,))
 temp_bytes = step.lower(x_N).compile().memory_analysis().temp_size_in_bytes
 step(x_N).block_until_ready()
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(10):
+faults = []
+for _ in range(12):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     step(x_N).block_until_ready()
-faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 10
-print(json.dumps({"temp_pages": temp_bytes / resource.getpagesize(), "faults": faults}))
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+# the median call: one on a thread (a malloc arena) the program has not run on yet faults its
+# temporaries in once more
+pages = temp_bytes / resource.getpagesize()
+print(json.dumps({"temp_pages": pages, "faults": statistics.median(faults)}))
 """
 
 
@@ -64,7 +68,9 @@ def _faults_per_call(mode: str) -> dict:
 def test_reuse_freed_memory_keeps_a_calls_temporaries_for_the_next():
     """Under glibc's defaults every call of a program with 40 MiB of temporaries faults all of
     their pages in anew (XLA:CPU frees them at the end of each call, glibc unmaps them); once
-    `reuse_freed_memory` is set, the next calls find them in the heap."""
+    `reuse_freed_memory` is set, the next calls find them in the heap: the median call of 12
+    (a call on a thread whose malloc arena has not held them yet faults them in once; in one
+    CI run under load, the mean over 10 calls was 30% of the pages)."""
     default, reused = _faults_per_call("default"), _faults_per_call("reuse")
     assert default["temp_pages"] == reused["temp_pages"] >= 40 * 2**20 / 4096
     assert default["faults"] >= 0.9 * default["temp_pages"], default
