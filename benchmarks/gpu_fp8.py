@@ -235,11 +235,14 @@ def _linear_variants() -> dict:
     }
 
 
+CALLS = 10  # `bench_linears`: calls per timing, so a call's launch and wait are amortized
+
+
 def bench_linears(config: ModelConfig, batches, repeats: int) -> list[dict]:
     """Each `_linear_variants` variant over the decode step's matmul shapes: one program runs
     the variant once per layer, over ``num_layers`` distinct weights (as a decode step does,
-    so no call is hoisted or cached), summing the outputs; microseconds per matmul and the
-    weight bytes read per second."""
+    so no call is hoisted or cached), summing the outputs; microseconds per matmul (the median
+    of ``repeats`` timings of `CALLS` calls) and the weight bytes read per second."""
     D, F = config.hidden_size, config.intermediate_size
     HE = config.num_heads * config.head_dim
     L = config.num_layers
@@ -261,10 +264,10 @@ def bench_linears(config: ModelConfig, batches, repeats: int) -> list[dict]:
                 compiled = jax.jit(layers).lower(x, ws, qs, xq).compile()
                 jax.block_until_ready(compiled(x, ws, qs, xq))
                 times = []
-                for _ in range(repeats):
+                for _ in range(repeats):  # CALLS calls queued back to back, one wait
                     t0 = time.perf_counter()
-                    jax.block_until_ready(compiled(x, ws, qs, xq))
-                    times.append(time.perf_counter() - t0)
+                    jax.block_until_ready([compiled(x, ws, qs, xq) for _ in range(CALLS)])
+                    times.append((time.perf_counter() - t0) / CALLS)
                 per_matmul = statistics.median(times) / L
                 wbytes = out_dim * in_dim * (2 if name == "bf16" else 1)
                 row[name] = {
