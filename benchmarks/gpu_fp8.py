@@ -311,6 +311,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new", type=int, default=128)
     args = ap.parse_args(argv)
+    if not all(b.strip().isdigit() and int(b) > 0 for b in args.batches.split(",")):
+        ap.error(f"--batches {args.batches!r}: positive integers separated by commas, e.g. 64,256")
     args.batches = tuple(int(b) for b in args.batches.split(","))
     args.models = args.models.split(",")
     if unknown := [m for m in args.models if m not in MODELS]:
