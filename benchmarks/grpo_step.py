@@ -11,7 +11,9 @@ calls), then ``--steps`` timed steps; the median step and the median of each pha
 with the process's peak resident memory (``ru_maxrss``: compile and weights included).
 
 Engines (each in its own subprocess and interpreter, on CPU; peers in their own venvs, which
-``benchmarks/peers_setup.sh --trl`` creates under /work/peers):
+``benchmarks/peers_setup.sh --trl`` creates under /work/peers; on a GPU, as
+``benchmarks/gpu_session.sh`` runs it, TRL takes its default bf16 autocast and every engine's
+peak device memory is reported beside its peak RSS):
 
 - ``ais_jax-bf16``, ``ais_jax-fp8``: `train.make_phases` as `Run` drives them: sync (the bf16
   or FP8 rollout copy) + generate = *rollout*; *score* (skipped on-policy: the update computes
@@ -51,6 +53,7 @@ drops out of its loss) and, like TRL, computes no rollout log-probs or AIS diagn
     python benchmarks/grpo_step.py --sizes tiny --engines ais_jax-bf16 --decode-layout out_in
     python benchmarks/grpo_step.py --sizes tiny --rounds 3  # every engine 3 times: ratios per round
     python benchmarks/grpo_step.py --sizes tiny --ais-cpu-devices 1,2  # + ais_jax on 2 CPU devices
+    python benchmarks/grpo_step.py --sizes small --engines ais_jax-bf16 --ais-remat  # + optim.remat
 """
 
 from __future__ import annotations
