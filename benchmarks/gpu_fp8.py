@@ -48,11 +48,12 @@ from ais_jax.quant import (
 )
 from ais_jax.sampler import _generate_jit, decode_params, resolve_layout
 
-GEMM_TARGETS = (  # (kind, what marks it on its instruction's line of optimized HLO)
-    ("cuBLAS GEMM", re.compile(r'custom_call_target="__cublas\$(lt\$matmul|gemm)')),
-    ("Triton GEMM", re.compile(r"__triton\w*gemm")),
-    ("cuDNN GEMM", re.compile(r"__cudnn\$fusion")),
-)
+GEMM_TARGETS = {  # kind: what marks it on its instruction's line of optimized HLO
+    "cuBLAS GEMM": re.compile(r'custom_call_target="__cublas\$(lt\$matmul|gemm)'),
+    "Triton GEMM": re.compile(r"__triton\w*gemm"),
+    "cuDNN GEMM": re.compile(r"__cudnn\$fusion"),
+}
+GEMM_FUSIONS = ("Triton GEMM", "cuDNN GEMM")  # fusions whose called computation holds the dot
 BF16 = jnp.bfloat16
 _CALL = re.compile(r"\b(custom-call|fusion|dot|convert)\(([^)]*)\)")
 _COMPUTATION = re.compile(r"^(?:ENTRY )?%([\w.-]+) .*\{$")  # a computation's first line
@@ -69,7 +70,7 @@ def gemm_counts(hlo: str) -> dict[str, int]:
     gemm_bodies = {  # computations that a Triton or cuDNN GEMM fusion calls
         m.group(1)
         for line in lines
-        if GEMM_TARGETS[1][1].search(line) or GEMM_TARGETS[2][1].search(line)
+        if any(GEMM_TARGETS[kind].search(line) for kind in GEMM_FUSIONS)
         for m in [re.search(r"calls=%([\w.-]+)", line)]
         if m
     }
@@ -87,7 +88,7 @@ def gemm_counts(hlo: str) -> dict[str, int]:
             counts["f8 converted"] += on_f8 and not re.search(r"= f8e\w+\[", line)
             continue
         kind = "dot" if op == "dot" and computation not in gemm_bodies else None
-        for name, pattern in GEMM_TARGETS:
+        for name, pattern in GEMM_TARGETS.items():
             if op != "dot" and pattern.search(line):
                 kind = name
         if kind:
