@@ -825,12 +825,11 @@ def forward(
     x_BSD = embed(params["embed"], tokens_BS)
 
     def layer(kind: str, lp, xs, consts):
-        (x_BSD,), (positions_BS, mask_BS, allowed_BSS) = xs, consts
+        (x_BSD,), (positions_BS, mask_BS, allowed_BSS, empty) = xs, consts
         h_BSD = rms_norm(x_BSD, lp["input_norm"], c.rms_norm_eps)
         if kind == "full_attention":
             mixed = _gated_attention(lp, c, h_BSD, positions_BS, mask_BS, allowed_BSS)
         else:
-            empty = init_linear_state(c, B)
             mixed, _ = linear_attention(lp, c, h_BSD, mask_BS, empty, chunk_size=chunk_size)
         x_BSD = x_BSD + mixed
         return (x_BSD + _mlp(lp, rms_norm(x_BSD, lp["post_norm"], c.rms_norm_eps), mask_BS),)
@@ -838,9 +837,9 @@ def forward(
     layers = {kind: functools.partial(layer, kind) for kind in LAYER_TYPES}
     if remat:
         layers = {kind: recompute_layer(fn) for kind, fn in layers.items()}
+    consts = (positions_BS, mask_BS, allowed_BSS, init_linear_state(c, B))
     for i in range(c.num_layers):
-        lp = _layer_params(params, c, i)
-        (x_BSD,) = layers[c.layer_types[i]](lp, (x_BSD,), (positions_BS, mask_BS, allowed_BSS))
+        (x_BSD,) = layers[c.layer_types[i]](_layer_params(params, c, i), (x_BSD,), consts)
     if return_hidden:
         return x_BSD
     x_BSD = rms_norm(x_BSD, params["final_norm"], c.rms_norm_eps)

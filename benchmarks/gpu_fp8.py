@@ -39,7 +39,7 @@ import jax.numpy as jnp
 from ais_jax.model import forward_cached, init_cache, init_params
 from ais_jax.model_config import ModelConfig
 from ais_jax.quant import (
-    FORMATS,
+    get_format,
     linear,
     quantize_activation,
     quantize_fp8,
@@ -87,10 +87,10 @@ def gemm_counts(hlo: str) -> dict[str, int]:
         if op == "convert":
             counts["f8 converted"] += on_f8 and not re.search(r"= f8e\w+\[", line)
             continue
-        kind = "dot" if op == "dot" and computation not in gemm_bodies else None
-        for name, pattern in GEMM_TARGETS.items():
-            if op != "dot" and pattern.search(line):
-                kind = name
+        if op == "dot":
+            kind = "dot" if computation not in gemm_bodies else None
+        else:
+            kind = next((k for k, pattern in GEMM_TARGETS.items() if pattern.search(line)), None)
         if kind:
             counts[("FP8 " if on_f8 or "matmul$f8" in line else "") + kind] += 1
     return {k: v for k, v in counts.items() if v}
@@ -126,9 +126,10 @@ def decode_weight_bytes(params) -> int:
 
 
 def kv_cache_bytes(config: ModelConfig, batch: int, slots: int, dtype) -> int:
-    """Bytes of the fixed-size KV cache (keys and values of every layer, ``slots`` positions)."""
-    per_layer = 2 * batch * config.num_kv_heads * slots * config.head_dim
-    return config.num_layers * per_layer * jnp.dtype(dtype).itemsize
+    """Bytes of the fixed-size KV cache `init_cache` makes (keys and values of every layer,
+    ``slots`` positions), from its shapes: nothing is allocated."""
+    cache = jax.eval_shape(lambda: init_cache(config, batch, slots, dtype))
+    return tree_bytes((cache.k, cache.v))
 
 
 def _prefill(params, config, prompt_BP, mask_BP, *, slots: int):
@@ -218,7 +219,7 @@ def _linear_variants() -> dict:
     weight, ``q`` its FP8 `QArray`, ``xq`` = (codes, scale) of ``x`` quantized once, outside)."""
 
     def scaled_dequant(x, w, q, xq):  # the dequantize-then-dot form of XLA's FP8 GEMM pattern
-        codes, scale = quantize_activation(x, FORMATS[q.fmt])
+        codes, scale = quantize_activation(x, get_format(q.fmt))
         dq = lambda c, s: c.astype(BF16) * s.astype(BF16)  # noqa: E731
         return jnp.einsum("mi,oi->mo", dq(codes, scale), dq(q.quant, q.scale))
 
@@ -254,7 +255,7 @@ def bench_linears(config: ModelConfig, batches, repeats: int) -> list[dict]:
         qs = [quantize_weight(w) for w in ws]
         for batch in batches:
             x = jax.random.normal(jax.random.key(3), (batch, in_dim), BF16)
-            xq = quantize_activation(x, FORMATS["float8_e4m3fn"])
+            xq = quantize_activation(x, get_format("float8_e4m3fn"))
             row: dict = {"matmul": label, "shape": [out_dim, in_dim], "batch": batch}
             for name, f in _linear_variants().items():
 
