@@ -36,7 +36,9 @@ distribution: every layout holds the same numbers (a dot may sum them in another
 
 ``layout="auto"`` (the default) is resolved by `default_layout` from `jax.default_backend()`
 and the model's compute dtype in Python, before anything is traced; both layouts run in the
-CPU test suite.
+CPU test suite. Under either, quantized weights keep the ``[out, in]`` layout of the FP8 GEMM,
+and on CPU, which has no FP8 dot, their codes are held as bfloat16 (`quant.widen_codes`: the
+same numbers, converted once before the loop instead of at every step).
 
 On CPU the program compiles with `compiler_options`: without XLA's while-loop invariant code
 motion, which hoisted a transposed copy of every ``[out, in]`` weight (and a float32 copy of the
@@ -86,7 +88,7 @@ from ais_jax.model import (
     unstack_layers,
 )
 from ais_jax.model_config import ModelConfig
-from ais_jax.quant import PROJECTIONS, Columns, QArray
+from ais_jax.quant import PROJECTIONS, Columns, QArray, widen_codes
 from ais_jax.qwen35 import Qwen35Config
 
 
@@ -327,8 +329,10 @@ def decode_params(
     (`model.unstack_layers`; a Qwen3.5 tree, stacked per layer kind, needs its ``config``) so
     no step slices the stacked arrays again, and with ``columns`` every unquantized matmul
     weight (and the LM head, the embedding table itself when tied) marked `quant.Columns`;
-    without it, `Columns` weights are plain arrays again. Quantized weights stay as they are.
-    No weight is copied.
+    without it, `Columns` weights are plain arrays again. No plain weight is copied. Quantized
+    weights keep their ``[out, in]`` layout; on CPU their codes are held as bfloat16
+    (`quant.widen_codes`: the same numbers in a copy of 2 bytes per weight, made here once
+    rather than converted at every step).
 
     `generate` applies it to whatever it is given (inside its jit, before the loop); applied
     twice with one layout it changes nothing. Calling it yourself once per weight sync, as
@@ -348,8 +352,10 @@ def decode_params(
 
 def _relayout(w, columns: bool):
     """A matmul weight as `quant.Columns` (``columns``) or as a plain ``[out, in]`` array;
-    quantized weights (`QArray`) as they are."""
-    if isinstance(w, QArray) or isinstance(w, Columns) == columns:
+    quantized weights (`QArray`) as `quant.widen_codes` holds them."""
+    if isinstance(w, QArray):
+        return widen_codes(w)
+    if isinstance(w, Columns) == columns:
         return w
     return Columns(w) if columns else w.w_OI
 

@@ -15,7 +15,7 @@
    fixed-size KV cache, which attention reads at every step) over the measured copy bandwidth;
    ``roofline_frac`` is that bound's time over the measured step time, and ``byte_ratio`` the
    BF16 step's bytes over the FP8 step's (the speed-up a purely bandwidth-bound decode could
-   reach).
+   reach; about 1 on CPU, where the loop holds the FP8 codes as bfloat16, `quant.widen_codes`).
 
 Run on the GPU machine (no grain needed):  python benchmarks/gpu_fp8.py [--quick]
 On a machine without a GPU it says so and exits 0 without measuring anything; ``--smoke`` runs

@@ -22,9 +22,10 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from ais_jax import sampler
+from ais_jax import quant, sampler
 from ais_jax.hf import load_hf
 from ais_jax.model import init_params
+from ais_jax.quant import quantize_fp8
 
 BENCHMARKS = Path(__file__).parent.parent / "benchmarks"
 
@@ -155,6 +156,34 @@ def test_dot_dtype_compiles_each_threshold_and_compares_with_the_first(capsys):
         assert all(d.split("->")[0].count(f"x{operand}>") == 2 for d in decode), decode
 
 
+def test_fp8_codes_compares_stored_and_widened_codes(capsys):
+    """benchmarks/fp8_codes.py traces the stored-codes arm with `widen_codes` off (restored
+    after) and the widened arm with it: the first program converts FP8 weights, the second holds
+    none; it reports seconds per call for both and BF16, the ratios and the outputs' match."""
+    fp8_codes = _module("fp8_codes")
+    fp8_codes.main("--sizes tiny --batches 8 --new-tokens 3 --rounds 1".split())
+    assert sampler.widen_codes is quant.widen_codes
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("CPU: ")
+    cells = [c.strip() for c in lines[-1].split("|")[1:-1]]
+    assert cells[:2] == ["tiny", "8"]
+    assert all(float(c) > 0 for c in cells[2:5])  # seconds per call: stored, widened, bf16
+    assert cells[5].endswith("x") and cells[6].endswith("x")
+    assert cells[7] == "True" and float(cells[8]) < 1e-3  # the same products, same draws here
+
+    config = fp8_codes.CONFIGS["tiny"]()
+    fp8 = quantize_fp8(init_params(config, jax.random.key(0), jnp.float32))
+    prompts = jnp.ones((8, 32), jnp.int32)
+    F, D = config.intermediate_size, config.hidden_size
+    for stored in (True, False):
+        compiled, _ = fp8_codes.compile_generate(
+            fp8, config, prompts, stored=stored, new_tokens=2, group=8
+        )
+        # one layer's FP8 weight, as the stored arm's steps widen it
+        layer_f8 = re.findall(rf"f8e4m3fn\[{F},{D}\]", compiled.as_text())
+        assert bool(layer_f8) == stored, stored
+
+
 def test_dot_dtype_excess_precision_option_reaches_both_programs(capsys):
     """``--excess-precision off`` compiles the rollout and the re-score with XLA's
     ``xla_allow_excess_precision`` off: the header says so, the gaps stay near 0, and the
@@ -273,7 +302,11 @@ def test_gpu_fp8_smoke_runs_the_whole_script_on_cpu(capsys):
     assert row["bf16"]["step_gb"] * 1e9 == pytest.approx(weights + kv, rel=1e-9)
     untied = params | {"lm_head": params["embed"] + 1}  # the table is not read, the head is
     assert gpu_fp8.decode_weight_bytes(untied) == weights
-    assert 1 < row["byte_ratio"] < 2
+    # On CPU the loop holds the FP8 codes as bfloat16 (`quant.widen_codes`): bf16's weight bytes
+    # and the scales. Off CPU it reads them as stored, one byte each.
+    assert 0.99 < row["byte_ratio"] < 1
+    stored = quantize_fp8(params)
+    assert 1 < gpu_fp8.decode_weight_bytes(params) / gpu_fp8.decode_weight_bytes(stored) < 2
 
 
 def test_grpo_step_report_adds_device_memory_on_an_accelerator(capsys):

@@ -316,15 +316,20 @@ def reference_linear(x, q: QArray, row_mask=None) -> tuple[np.ndarray, np.ndarra
 
 @pytest.mark.parametrize("name", ["float8_e4m3fn", "float8_e5m2", "float6_e2m3fn", "float4_e2m1fn"])
 @pytest.mark.parametrize("act_scaling", quant.ACT_SCALINGS)
-def test_linear_matches_float64_reference(name, act_scaling):
+@pytest.mark.parametrize("codes", ["stored", "widened"])
+def test_linear_matches_float64_reference(name, act_scaling, codes):
     """The W8A8 matmul is the float64 reference to 1e-5 relative to sum |x_i w_i|; the
-    per-tensor activation amax excludes the masked-out rows (one holds the largest values)."""
+    per-tensor activation amax excludes the masked-out rows (one holds the largest values).
+    The same with the weight codes held as bfloat16 (`widen_codes`, the CPU decode loop's)."""
     rng = np.random.default_rng(3)
     x = rng.standard_normal((3, 5, 128)) * np.exp(rng.standard_normal((3, 5, 1)))
     x[1, 0] = 300.0
     x = jnp.asarray(x, jnp.float32)
     row_mask = jnp.ones((3, 5), bool).at[1, :2].set(False).at[2, 4].set(False)
     q = quant.quantize_weight(randn((48, 128), seed=4, std=0.05), name, act_scaling=act_scaling)
+    if codes == "widened":
+        q = quant.widen_codes(q, backend="cpu")
+        assert q.quant.dtype == jnp.bfloat16
     y = np.asarray(quant.linear(x, q, row_mask=row_mask))
     ref, mag = reference_linear(x, q, row_mask)
     assert y.dtype == np.float32 and np.isfinite(y).all()
@@ -334,6 +339,29 @@ def test_linear_matches_float64_reference(name, act_scaling):
     # bf16 activations (the model's compute dtype) take the same path
     y16 = quant.linear(x.astype(jnp.bfloat16), q, row_mask=row_mask)
     assert y16.dtype == jnp.bfloat16 and np.isfinite(np.asarray(y16, np.float32)).all()
+
+
+@ALL_FORMATS
+def test_widened_codes_are_the_same_numbers(name):
+    """`widen_codes` holds the codes as bfloat16 on CPU, value for value (every code of every
+    format, the grid's extremes included); off CPU and when already widened it returns the
+    weight itself."""
+    f = FORMATS[name]
+    every = np.arange(256, dtype=np.uint8).view(getattr(ml_dtypes, name)).astype(np.float32)
+    every = np.resize(every[np.isfinite(every)], 16 * 64).reshape(16, 64)  # each value, tiled
+    w = randn((3, 16, 64), seed=11) * jnp.logspace(-3, 3, 64, dtype=jnp.float32)[None, None]
+    q = quant.quantize_weight(w, name)
+    q = q.replace(quant=q.quant.at[0].set(_round(jnp.asarray(every), f)))
+    np.testing.assert_array_equal(np.asarray(q.quant[0].astype(jnp.float32)), every)
+    wide = quant.widen_codes(q, backend="cpu")
+    assert wide.quant.dtype == jnp.bfloat16 and wide.fmt == q.fmt
+    np.testing.assert_array_equal(
+        np.asarray(wide.quant, np.float32), np.asarray(q.quant.astype(jnp.float32))
+    )
+    np.testing.assert_array_equal(wide.scale, q.scale)
+    assert quant.widen_codes(wide, backend="cpu") is wide
+    for backend in ("gpu", "tpu"):
+        assert quant.widen_codes(q, backend=backend) is q
 
 
 def test_linear_plain_weight_is_the_plain_matmul():

@@ -1019,3 +1019,46 @@ def test_each_layout_is_the_one_the_loop_runs(params, layout, kind):
         found = re.findall(rf"= f32\[\d+,{rows}\]\S* dot\(", hlo)
         expected = CONFIG.num_layers * per_layer + heads if columns else 0
         assert len(found) == expected, (layout, kind, rows, found)
+
+
+def test_fp8_codes_are_widened_once_before_the_loop(params, monkeypatch):
+    """On CPU `decode_params` holds the FP8 weight codes as bfloat16 (`quant.widen_codes`), so
+    no step converts a weight: the compiled rollout holds no FP8 array of a weight's shape
+    (with the codes as stored it does: each step widened them). The rollout is the one the
+    stored codes give: the same tokens, log-probs to float32 summation order."""
+    p = quantize_fp8(params)
+    prepared = sampler.decode_params(p)
+    assert all(layer["q_proj"].quant.dtype == jnp.bfloat16 for layer in prepared["layers"])
+    prompts, prompt_mask = map(jnp.asarray, sampler.pad_prompts(PROMPTS))
+    one = jnp.float32(1)
+    O, I = p["layers"]["gate_proj"].shape[1:]
+
+    def run():  # a function of its own each time: traced with `widen_codes` as it is now
+        fn = jax.jit(
+            lambda p, prompts, prompt_mask: sampler._generate(
+                p,
+                CONFIG,
+                prompts,
+                prompt_mask,
+                KEY,
+                one,
+                V,
+                one,
+                max_new_tokens=T,
+                eos_ids=EOS_IDS,
+                pad_id=0,
+                layout=sampler.resolve_layout(),
+            ),
+            compiler_options=sampler.compiler_options(),
+        )
+        hlo = fn.lower(p, prompts, prompt_mask).compile().as_text()
+        return fn(p, prompts, prompt_mask), re.findall(rf"f8e4m3fn\[{O},{I}\]", hlo)
+
+    wide, wide_f8 = run()
+    monkeypatch.setattr(sampler, "widen_codes", lambda w: w)
+    stored, stored_f8 = run()
+    assert not wide_f8 and stored_f8
+    for name in ("tokens", "mask", "lengths", "finished"):
+        np.testing.assert_array_equal(getattr(wide, name), getattr(stored, name))
+    for name in ("logp", "logp_plain"):
+        np.testing.assert_allclose(getattr(wide, name), getattr(stored, name), atol=1e-5, rtol=0)
