@@ -181,13 +181,20 @@ def widen_codes(w: QArray, backend: str | None = None) -> QArray:
     and the dot sums them in float32 either way (only the summation order can change). XLA:CPU
     has no FP8 dot: it widened the codes to float32 at every call, which in the decode loop
     (compiled without invariant code motion, `sampler.compiler_options`) is every weight at every
-    step. Done once before the loop (`sampler.decode_params`), the FP8 rollout of the benchmarks'
-    models ran 1.2x (tiny) and 1.3x (small) faster (benchmarks/README.md). Off CPU the FP8 codes
-    stay: they are the FP8 GEMM's operands."""
+    step. Done once before the loop (`sampler.decode_params`; LLaDA's loop in
+    `diffusion_sampler.generate_arrays`), the FP8 rollouts of the benchmarks' models ran
+    1.22-1.92x faster (`benchmarks/fp8_codes.py`). Off CPU the FP8 codes stay: they are the FP8
+    GEMM's operands."""
     backend = jax.default_backend() if backend is None else backend
     if backend != "cpu" or w.quant.dtype == jnp.bfloat16:
         return w
     return w.replace(quant=w.quant.astype(jnp.bfloat16))
+
+
+def widen_tree_codes(params: Any, backend: str | None = None) -> Any:
+    """`widen_codes` applied to every `QArray` of a pytree; other leaves as they are."""
+    is_q = lambda x: isinstance(x, QArray)  # noqa: E731
+    return jax.tree.map(lambda x: widen_codes(x, backend) if is_q(x) else x, params, is_leaf=is_q)
 
 
 def quantize_activation(

@@ -6,7 +6,11 @@ every weight at every step. `sampler.decode_params` therefore holds the codes as
 (`quant.widen_codes`): the same numbers, converted once before the loop, and a bfloat16 dot.
 This script times one FP8 `generate` (random weights of a benchmark shape, prompts of 32 tokens
 in groups of ``--group`` rows as GRPO samples them, ``--new-tokens`` new tokens at T = 1 over
-the whole vocabulary) both ways, and the BF16 rollout of the same weights for scale. All three
+the whole vocabulary) both ways, and the BF16 rollout of the same weights for scale. Size
+``llada-tiny`` times LLaDA's denoising loop instead (`diffusion_sampler.generate_arrays`,
+``--new-tokens`` tokens in one block, one token per step, temperature 1, low-confidence
+remasking), whose loop holds the codes the same way (`quant.widen_tree_codes`); its log-probs
+are the one-step estimator's after the loop, on the params as given. All three
 programs are compiled in this one process and the calls alternate, ``--rounds`` times; the
 report gives the median seconds per call, the speed-up of widening, and whether the two FP8
 rollouts drew the same tokens (another summation order may flip a near-tie of the Gumbel draw,
@@ -14,6 +18,7 @@ after which the rows differ) and how far their first step's log-probs are apart.
 
     python benchmarks/fp8_codes.py                          # tiny and small, batch 128
     python benchmarks/fp8_codes.py --sizes tiny --batches 8,128 --rounds 10
+    python benchmarks/fp8_codes.py --sizes llada-tiny --batches 64 --new-tokens 32
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from ais_jax import quant, sampler  # noqa: E402
+from ais_jax import diffusion_sampler, llada, quant, sampler  # noqa: E402
 from ais_jax.model import cast_params, init_params  # noqa: E402
 from ais_jax.model_config import ModelConfig  # noqa: E402
 from ais_jax.provenance import cpu_model  # noqa: E402
@@ -41,6 +46,7 @@ CONFIGS = {
     "tiny": ModelConfig.tiny,
     "small": ModelConfig.small,
     "qwen3-0.6b": ModelConfig.qwen3_0p6b,
+    "llada-tiny": llada.LLaDAConfig.tiny,
 }
 PROMPT_LEN = 32
 ARMS = ("fp8 codes stored", "fp8 codes widened", "bf16")
@@ -48,29 +54,42 @@ ARMS = ("fp8 codes stored", "fp8 codes widened", "bf16")
 
 @contextlib.contextmanager
 def _stored_codes():
-    """`sampler.decode_params` keeping the FP8 codes as stored while tracing (the library before
+    """The decode loops keeping the FP8 codes as stored while tracing (the library before
     `quant.widen_codes`), restored after."""
-    saved = sampler.widen_codes
+    saved = sampler.widen_codes, diffusion_sampler.widen_tree_codes
     sampler.widen_codes = lambda w: w
+    diffusion_sampler.widen_tree_codes = lambda tree: tree
     try:
         yield
     finally:
-        sampler.widen_codes = saved
+        sampler.widen_codes, diffusion_sampler.widen_tree_codes = saved
 
 
 def compile_generate(params, config, prompts, *, stored: bool, new_tokens: int, group: int):
     """One `generate` program for ``params`` (a fresh `jax.jit`, so each arm is traced on its
-    own), compiled, and its arguments."""
-    layout = sampler.resolve_layout("auto", params["embed"].dtype)
-    static = dict(max_new_tokens=new_tokens, eos_ids=(), pad_id=0, layout=layout)
-    fn = jax.jit(
-        lambda params, *args: sampler._generate(
-            params, config, *args, **static, prompt_group=group
-        ),
-        compiler_options=sampler.compiler_options() or None,
-    )
-    args = (params, prompts, jnp.ones(prompts.shape, bool), jax.random.key(1), jnp.float32(1.0))
-    args += (jnp.int32(config.vocab_size), jnp.float32(1.0))
+    own; LLaDA's `diffusion_sampler.generate_arrays` for a `llada.LLaDAConfig`), compiled, and
+    its arguments."""
+    mask = jnp.ones(prompts.shape, bool)
+    if isinstance(config, llada.LLaDAConfig):
+        static = dict(gen_length=new_tokens, block_length=new_tokens, steps=new_tokens)
+        fn = jax.jit(
+            lambda params, *args: diffusion_sampler.generate_arrays.__wrapped__(
+                params, config, *args, **static, eos_ids=(), pad_id=config.pad_token_id
+            )
+        )
+        args = (params, prompts, mask, jax.random.key(1), jax.random.key(2), jnp.float32(1.0))
+        args += (jnp.int32(0), jnp.float32(0.15))  # low-confidence remasking
+    else:
+        layout = sampler.resolve_layout("auto", params["embed"].dtype)
+        static = dict(max_new_tokens=new_tokens, eos_ids=(), pad_id=0, layout=layout)
+        fn = jax.jit(
+            lambda params, *args: sampler._generate(
+                params, config, *args, **static, prompt_group=group
+            ),
+            compiler_options=sampler.compiler_options() or None,
+        )
+        args = (params, prompts, mask, jax.random.key(1), jnp.float32(1.0))
+        args += (jnp.int32(config.vocab_size), jnp.float32(1.0))
     with _stored_codes() if stored else contextlib.nullcontext():
         compiled = fn.lower(*args).compile()
     return compiled, args
@@ -79,7 +98,8 @@ def compile_generate(params, config, prompts, *, stored: bool, new_tokens: int, 
 def run(size: str, batch: int, args) -> dict:
     """Median seconds per call of each arm, alternating calls, and the FP8 outputs' match."""
     config = CONFIGS[size]()
-    params = init_params(config, jax.random.key(0), jnp.float32)
+    is_llada = isinstance(config, llada.LLaDAConfig)
+    params = (llada.init_params if is_llada else init_params)(config, jax.random.key(0))
     fp8 = quant.quantize_fp8(params)
     group = min(args.group, batch)
     if batch % group:
@@ -87,6 +107,8 @@ def run(size: str, batch: int, args) -> dict:
     prompts_NP = np.random.default_rng(0).integers(
         0, config.vocab_size, (batch // group, PROMPT_LEN)
     )
+    if is_llada:  # no [MASK] in a prompt
+        prompts_NP = np.where(prompts_NP == config.mask_token_id, 0, prompts_NP)
     prompts = jnp.asarray(np.repeat(prompts_NP, group, axis=0), jnp.int32)
     trees = dict(zip(ARMS, (fp8, fp8, cast_params(params, jnp.bfloat16)), strict=True))
     programs, outputs = {}, {}

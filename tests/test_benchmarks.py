@@ -157,19 +157,24 @@ def test_dot_dtype_compiles_each_threshold_and_compares_with_the_first(capsys):
 
 
 def test_fp8_codes_compares_stored_and_widened_codes(capsys):
-    """benchmarks/fp8_codes.py traces the stored-codes arm with `widen_codes` off (restored
-    after) and the widened arm with it: the first program converts FP8 weights, the second holds
-    none; it reports seconds per call for both and BF16, the ratios and the outputs' match."""
+    """benchmarks/fp8_codes.py traces the stored-codes arm with the widening off (restored
+    after) and the widened arm with it, for Qwen3 and LLaDA: the first Qwen3 program holds one
+    layer's FP8 weight, the second none; it reports seconds per call for both and BF16, the
+    ratios and the outputs' match."""
+    from ais_jax import diffusion_sampler
+
     fp8_codes = _module("fp8_codes")
-    fp8_codes.main("--sizes tiny --batches 8 --new-tokens 3 --rounds 1".split())
+    fp8_codes.main("--sizes tiny,llada-tiny --batches 8 --new-tokens 3 --rounds 1".split())
     assert sampler.widen_codes is quant.widen_codes
+    assert diffusion_sampler.widen_tree_codes is quant.widen_tree_codes
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("CPU: ")
-    cells = [c.strip() for c in lines[-1].split("|")[1:-1]]
-    assert cells[:2] == ["tiny", "8"]
-    assert all(float(c) > 0 for c in cells[2:5])  # seconds per call: stored, widened, bf16
-    assert cells[5].endswith("x") and cells[6].endswith("x")
-    assert cells[7] == "True" and float(cells[8]) < 1e-3  # the same products, same draws here
+    for line, size in zip(lines[-2:], ("tiny", "llada-tiny"), strict=True):
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        assert cells[:2] == [size, "8"]
+        assert all(float(c) > 0 for c in cells[2:5])  # seconds per call: stored, widened, bf16
+        assert cells[5].endswith("x") and cells[6].endswith("x")
+        assert cells[7] == "True" and float(cells[8]) < 1e-3  # same products, same draws here
 
     config = fp8_codes.CONFIGS["tiny"]()
     fp8 = quantize_fp8(init_params(config, jax.random.key(0), jnp.float32))

@@ -9,6 +9,8 @@ sampler's documented keys (`step_keys`), so that sampled runs are compared token
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -233,6 +235,34 @@ def test_fp8_rollout_runs_through_the_same_linear(params):
     direct = _logp(fp8, CONFIG, r.prompt_tokens, r.prompt_mask, r.tokens, r.mask, r.logp_key, 0.15)
     np.testing.assert_array_equal(r.logp, direct)  # bitwise, on CPU
     np.testing.assert_array_equal(r.logp_plain, r.logp)
+
+
+def test_fp8_codes_are_widened_once_before_the_loop(params, monkeypatch):
+    """On CPU the denoising loop reads the FP8 codes as bfloat16 (`quant.widen_codes`, once
+    before the loop): its program holds fewer one-layer FP8 weights (``[1, O, I]`` slices)
+    than with the codes as stored (only `one_step_logp` after the loop still reads them), and
+    the rollout is the stored codes' one: the same tokens, the same log-probs bit for bit
+    (computed from the params as given)."""
+    fp8 = quantize_fp8(params)
+    prompts, prompt_mask = map(jnp.asarray, pad_prompts(PROMPTS, CONFIG.pad_token_id))
+    gen_length, block_length, steps = SHAPE
+    static = dict(gen_length=gen_length, block_length=block_length, steps=steps, eos_ids=())
+    args = (prompts, prompt_mask, KEY, LOGP_KEY, jnp.float32(0.7), jnp.int32(0), jnp.float32(0.15))
+    O, I = fp8["layers"]["gate_proj"].shape[1:]
+
+    def run():  # a function of its own each time: traced with the widening as it is now
+        fn = jax.jit(
+            lambda p, *a: ds.generate_arrays.__wrapped__(p, CONFIG, *a, **static, pad_id=0)
+        )
+        hlo = fn.lower(fp8, *args).compile().as_text()
+        return fn(fp8, *args), len(re.findall(rf"f8e4m3fn\[(?:1,)?{O},{I}\]", hlo))
+
+    wide, wide_f8 = run()
+    monkeypatch.setattr(ds, "widen_tree_codes", lambda tree: tree)
+    stored, stored_f8 = run()
+    assert wide_f8 < stored_f8, (wide_f8, stored_f8)
+    for name in ("tokens", "mask", "logp", "finished"):
+        np.testing.assert_array_equal(getattr(wide, name), getattr(stored, name))
 
 
 @pytest.mark.parametrize(
