@@ -21,8 +21,10 @@ full-attention layers only; its linear-attention layers carry the fixed-size sta
 Params and optimizer state stay resident through the whole step; the training phase adds
 gradients and the bf16 copy, the rollout phase adds the FP8 copy and the KV cache. Activations
 (which depend on rematerialisation and minibatch size) and XLA's temporaries are not counted:
-leave headroom. ``optim.remat=true`` keeps the update's activations to the residual stream
-(one ``[b, S, D]`` per layer) and one layer's own.
+leave headroom. Nor is, on CPU, the rollout's bfloat16 copy of the FP8 codes (2 bytes per
+weight, `quant.widen_codes`); on GPU and TPU the loop reads the FP8 copy itself.
+``optim.remat=true`` keeps the update's activations to the residual stream (one ``[b, S, D]``
+per layer) and one layer's own.
 
 Diffusion models (``--model llada-8b``, `llada.LLaDAConfig`) have the same parameter layout
 (`llada.py` uses `model.py`'s names), so the first five rows are computed the same way. Their
