@@ -1032,23 +1032,11 @@ def test_fp8_codes_are_widened_once_before_the_loop(params, monkeypatch):
     prompts, prompt_mask = map(jnp.asarray, sampler.pad_prompts(PROMPTS))
     one = jnp.float32(1)
     O, I = p["layers"]["gate_proj"].shape[1:]
+    kw = dict(max_new_tokens=T, eos_ids=EOS_IDS, pad_id=0, layout=sampler.resolve_layout())
 
     def run():  # a function of its own each time: traced with `widen_codes` as it is now
         fn = jax.jit(
-            lambda p, prompts, prompt_mask: sampler._generate(
-                p,
-                CONFIG,
-                prompts,
-                prompt_mask,
-                KEY,
-                one,
-                V,
-                one,
-                max_new_tokens=T,
-                eos_ids=EOS_IDS,
-                pad_id=0,
-                layout=sampler.resolve_layout(),
-            ),
+            lambda p, x, m: sampler._generate(p, CONFIG, x, m, KEY, one, V, one, **kw),
             compiler_options=sampler.compiler_options(),
         )
         hlo = fn.lower(p, prompts, prompt_mask).compile().as_text()
