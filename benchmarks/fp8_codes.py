@@ -10,11 +10,11 @@ the whole vocabulary) both ways, and the BF16 rollout of the same weights for sc
 ``llada-tiny`` times LLaDA's denoising loop instead (`diffusion_sampler.generate_arrays`,
 ``--new-tokens`` tokens in one block, one token per step, temperature 1, low-confidence
 remasking), whose loop holds the codes the same way (`quant.widen_tree_codes`); its log-probs
-are the one-step estimator's after the loop, on the params as given. All three
-programs are compiled in this one process and the calls alternate, ``--rounds`` times; the
-report gives the median seconds per call, the speed-up of widening, and whether the two FP8
-rollouts drew the same tokens (another summation order may flip a near-tie of the Gumbel draw,
-after which the rows differ) and how far their first step's log-probs are apart.
+are the one-step estimator's after the loop, on the params as given. All three programs are
+compiled in this one process and the calls alternate, ``--rounds`` times; the report gives the
+median seconds per call, the speed-up of widening, and whether the two FP8 rollouts drew the
+same tokens (another summation order may flip a near-tie of the Gumbel draw, after which the
+rows differ) and how far their first step's log-probs are apart.
 
     python benchmarks/fp8_codes.py                          # tiny and small, batch 128
     python benchmarks/fp8_codes.py --sizes tiny --batches 8,128 --rounds 10
