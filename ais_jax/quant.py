@@ -11,7 +11,9 @@ dynamic scaling:
 `QArray(quant, scale)` holds a quantized weight in the Hugging Face `[out, in]` layout, so the
 contraction is row-major x column-major, the form XLA's GPU GEMM rewriter lowers to a cuBLASLt
 FP8 GEMM on Hopper (scalar scales, `preferred_element_type=float32`). On CPU and TPU the same
-code runs (XLA converts the FP8 operands where the hardware has no FP8 units).
+code runs (XLA converts the FP8 operands where the hardware has no FP8 units). The sampler's
+few-row decode steps on a GPU multiply the same codes as bfloat16 instead (`step_operands`,
+`QArray.operand_dtype`): at 64 rows cuBLASLt's FP8 GEMM was slower than the BF16 one.
 
 `linear(x, w)` is the only matmul of the model: a plain array `w` gives the BF16/FP32 trainer
 path, a `QArray` gives the quantized rollout path, so both policies are literally the same
@@ -93,12 +95,19 @@ class QArray:
     quant: codes, ``[..., O, I]`` in the format's storage dtype (or held as bfloat16, the same
         numbers, where `widen_codes` says so).
     scale: float32 per-tensor scale, shape ``[...]`` (one per stacked layer).
+    operand_dtype: the dtype both operands' codes enter `linear`'s dot as (`OPERAND_DTYPES`):
+        ``"storage"``, the codes' storage dtype (FP8 operands: an FP8 GEMM where the backend
+        has one, cuBLASLt's on Hopper); ``"bfloat16"``, the same numbers converted, for a
+        16-bit GEMM that converts the weight's 1-byte codes as it loads them; ``None``
+        (default), the storage dtype, except in the sampler's decode steps, which
+        `step_operands` may give bfloat16 operands. `set_operand_dtype` sets it.
     """
 
     quant: jax.Array
     scale: jax.Array
     fmt: str = struct.field(pytree_node=False, default="float8_e4m3fn")
     act_scaling: str = struct.field(pytree_node=False, default="tensor")
+    operand_dtype: str | None = struct.field(pytree_node=False, default=None)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -130,11 +139,13 @@ class Columns:
 # ---- the quantizer ----------------------------------------------------------------------------
 
 
-def round_to_format(x: jax.Array, fmt: Format) -> jax.Array:
+def round_to_format(x: jax.Array, fmt: Format, dtype=None) -> jax.Array:
     """Round float32 ``x`` (already scaled) to the nearest value of ``fmt``, saturating at its
-    max, and return it in the storage dtype. Never produces NaN for finite input."""
+    max, and return it in the storage dtype; with ``dtype`` (bfloat16, say), the same values
+    computed in float32 arithmetic and returned in ``dtype``, with no FP8 value on the way.
+    Never produces NaN for finite input."""
     x = jnp.clip(x.astype(jnp.float32), -fmt.max, fmt.max)
-    if fmt.native:
+    if fmt.native and dtype is None:
         return x.astype(fmt.storage)
     # Emulation: the grid step in the binade of |x| is 2^(e - nmant), with e >= minexp
     # (subnormals share the smallest binade's step). jnp.round is round-half-to-even.
@@ -142,7 +153,7 @@ def round_to_format(x: jax.Array, fmt: Format) -> jax.Array:
     e = jnp.maximum(exp - 1, fmt.minexp)
     step = jnp.ldexp(jnp.ones_like(x), e - fmt.nmant)
     q = jnp.clip(jnp.round(x / step) * step, -fmt.max, fmt.max)
-    return q.astype(fmt.storage)
+    return q.astype(fmt.storage if dtype is None else dtype)
 
 
 def _safe_scale(amax: jax.Array, fmt: Format) -> jax.Array:
@@ -197,13 +208,57 @@ def widen_tree_codes(params: Any, backend: str | None = None) -> Any:
     return jax.tree.map(lambda x: widen_codes(x, backend) if is_q(x) else x, params, is_leaf=is_q)
 
 
+OPERAND_DTYPES = (None, "storage", "bfloat16")  # `QArray.operand_dtype`
+
+# Below this many rows, a matmul off CPU multiplies the FP8 codes as bfloat16 (`step_operands`).
+# On one H200 (jax 0.11.2, benchmarks/README.md), cuBLASLt's FP8 GEMM read a Qwen3-8B layer's
+# weights at 64 rows at about a third of the BF16 GEMM's bytes per second, and 64-row FP8
+# decode ran at 0.79x BF16; with bfloat16 operands, a Triton GEMM widening the 1-byte codes as
+# it loads them, 1.06x. At 256 rows the FP8 GEMM's decode was level with BF16 (1.00x), and the
+# prefill's thousands of rows ran 1.5x faster with FP8 operands, so those keep them.
+FP8_GEMM_MIN_ROWS = 256
+
+
+def set_operand_dtype(params: Any, operand_dtype: str | None) -> Any:
+    """Every `QArray` of a pytree with ``operand_dtype`` (`OPERAND_DTYPES`), the codes as
+    they are; other leaves as they are."""
+    if operand_dtype not in OPERAND_DTYPES:
+        raise ValueError(f"operand_dtype={operand_dtype!r}; valid values: {list(OPERAND_DTYPES)}.")
+    is_q = lambda x: isinstance(x, QArray)  # noqa: E731
+    return jax.tree.map(
+        lambda x: x.replace(operand_dtype=operand_dtype) if is_q(x) else x, params, is_leaf=is_q
+    )
+
+
+def step_operands(params: Any, rows: int, backend: str | None = None) -> Any:
+    """The params a matmul over ``rows`` rows (a decode step's batch) multiplies by: off CPU
+    (``backend``, default `jax.default_backend()`), below `FP8_GEMM_MIN_ROWS` rows, every
+    `QArray` whose ``operand_dtype`` is not set with bfloat16 operands (the same numbers);
+    else ``params``. On CPU the codes are already bfloat16 (`widen_codes`)."""
+    backend = jax.default_backend() if backend is None else backend
+    if backend == "cpu" or rows >= FP8_GEMM_MIN_ROWS:
+        return params
+    is_auto = lambda x: isinstance(x, QArray) and x.operand_dtype is None  # noqa: E731
+    return jax.tree.map(
+        lambda x: x.replace(operand_dtype="bfloat16") if is_auto(x) else x,
+        params,
+        is_leaf=lambda x: isinstance(x, QArray),
+    )
+
+
 def quantize_activation(
-    x: jax.Array, fmt: Format, *, act_scaling: str = "tensor", row_mask: jax.Array | None = None
+    x: jax.Array,
+    fmt: Format,
+    *,
+    act_scaling: str = "tensor",
+    row_mask: jax.Array | None = None,
+    dtype=None,
 ) -> tuple[jax.Array, jax.Array]:
     """Dynamic scaling of an activation ``x[..., I]``; returns (codes, scale).
 
     ``scale`` is a scalar (per tensor) or ``[..., 1]`` (per row). ``row_mask[...]`` (bool)
-    excludes rows from the per-tensor amax.
+    excludes rows from the per-tensor amax. ``dtype``: the codes in that dtype, rounded in
+    float32 arithmetic (`round_to_format`).
     """
     x32 = x.astype(jnp.float32)
     if act_scaling == "token":
@@ -213,7 +268,7 @@ def quantize_activation(
         if row_mask is not None:
             absx = jnp.where(row_mask[..., None], absx, 0.0)
         scale = _safe_scale(jnp.max(absx), fmt)
-    return round_to_format(x32 / scale, fmt), scale
+    return round_to_format(x32 / scale, fmt, dtype), scale
 
 
 # From this many rows (tokens) on, XLA:CPU multiplies bfloat16 operands as float32 (`dot_dtype`):
@@ -256,8 +311,8 @@ def linear(
     held as float32 where `dot_dtype` says so) with float32 accumulation, rounded once to
     ``out_dtype``. (Asking XLA:CPU for a bf16 result directly is up to 4x slower for the same
     numbers.) A `QArray` runs the W8A8 path: ``x`` is quantized with a dynamic scale (masked
-    rows excluded) and the dot takes the low-precision operands with float32 accumulation,
-    rescaled by both scales.
+    rows excluded) and the dot takes the low-precision operands (or the same codes as
+    bfloat16, `QArray.operand_dtype`) with float32 accumulation, rescaled by both scales.
     """
     out_dtype = out_dtype or x.dtype
     if not isinstance(w, QArray):
@@ -271,9 +326,15 @@ def linear(
         y = jnp.einsum("...i,oi->...o", x.astype(dot), w, preferred_element_type=F32)
         return y.astype(out_dtype)
     fmt = get_format(w.fmt)
-    xq, x_scale = quantize_activation(x, fmt, act_scaling=w.act_scaling, row_mask=row_mask)
-    xq = xq.astype(w.quant.dtype)
-    y = jnp.einsum("...i,oi->...o", xq, w.quant, preferred_element_type=jnp.float32)
+    # With bfloat16 operands the activation codes never pass through an FP8 value, so XLA:GPU
+    # does not take the product for an FP8 GEMM, and the weight codes widen inside the GEMM.
+    operands = None if w.operand_dtype in (None, "storage") else w.operand_dtype
+    xq, x_scale = quantize_activation(
+        x, fmt, act_scaling=w.act_scaling, row_mask=row_mask, dtype=operands
+    )
+    wq = w.quant if operands is None else w.quant.astype(operands)
+    xq = xq.astype(wq.dtype)
+    y = jnp.einsum("...i,oi->...o", xq, wq, preferred_element_type=jnp.float32)
     return (y * (x_scale * w.scale)).astype(out_dtype)
 
 

@@ -29,7 +29,7 @@ from ais_jax.model_config import ModelConfig
 from ais_jax.quant import FORMATS, LINEAR_WEIGHTS, QArray
 
 ALL_FORMATS = pytest.mark.parametrize("name", list(FORMATS))
-_round = jax.jit(quant.round_to_format, static_argnums=1)
+_round = jax.jit(quant.round_to_format, static_argnums=(1, 2))
 # One compilation each instead of dozens of op-by-op ones (slow on a small CPU).
 _init_params = jax.jit(init_params, static_argnums=(0, 2))
 _quantize_fp8 = jax.jit(quant.quantize_fp8, static_argnames=("act_scaling", "lm_head"))
@@ -45,8 +45,8 @@ def ml_round(x, name: str) -> np.ndarray:
     return np.asarray(x, dtype=getattr(ml_dtypes, name)).astype(np.float32)
 
 
-def ours_round(x, name: str) -> np.ndarray:
-    return np.asarray(_round(jnp.asarray(x, jnp.float32), FORMATS[name]).astype(jnp.float32))
+def ours_round(x, name: str, dtype=None) -> np.ndarray:
+    return np.asarray(_round(jnp.asarray(x, jnp.float32), FORMATS[name], dtype).astype(jnp.float32))
 
 
 def assert_scale(scale, amax, fmax) -> None:
@@ -114,9 +114,12 @@ def test_grid_matches_ml_dtypes(name):
 
 
 @ALL_FORMATS
-def test_round_to_format_equals_ml_dtypes(name):
+@pytest.mark.parametrize("dtype", [None, jnp.bfloat16])
+def test_round_to_format_equals_ml_dtypes(name, dtype):
     """Grid points, exact midpoints (ties: half to even), one float32 ulp either side of them,
-    random magnitudes over the whole range and values beyond max (saturate, never NaN)."""
+    random magnitudes over the whole range and values beyond max (saturate, never NaN). With
+    ``dtype`` (the codes as bfloat16, rounded in float32 arithmetic: the bfloat16 operands of
+    `QArray.operand_dtype`), the same values."""
     f = FORMATS[name]
     g = grid(name)
     mid = (g[:-1] + g[1:]) / 2  # exact in float32: one more bit than the grid
@@ -145,13 +148,16 @@ def test_round_to_format_equals_ml_dtypes(name):
         ]
     )
     x = np.concatenate([pos, -pos]).astype(np.float32)
-    ours = ours_round(x, name)
+    if dtype is not None:
+        assert _round(jnp.asarray(x), f, dtype).dtype == dtype
+    ours = ours_round(x, name, dtype)
     assert np.isfinite(ours).all()
     np.testing.assert_array_equal(ours, ml_round(x, name))
-    np.testing.assert_array_equal(ours_round(beyond, name), np.float32(f.max))
-    np.testing.assert_array_equal(ours_round(-beyond, name), np.float32(-f.max))
+    np.testing.assert_array_equal(ours_round(beyond, name, dtype), np.float32(f.max))
+    np.testing.assert_array_equal(ours_round(-beyond, name, dtype), np.float32(-f.max))
     # ties really are exercised: some midpoints round down (to the even neighbour)
-    assert (ours_round(mid, name) == g[:-1]).any() and (ours_round(mid, name) == g[1:]).any()
+    mid_ours = ours_round(mid, name, dtype)
+    assert (mid_ours == g[:-1]).any() and (mid_ours == g[1:]).any()
 
 
 @ALL_FORMATS
@@ -316,11 +322,12 @@ def reference_linear(x, q: QArray, row_mask=None) -> tuple[np.ndarray, np.ndarra
 
 @pytest.mark.parametrize("name", ["float8_e4m3fn", "float8_e5m2", "float6_e2m3fn", "float4_e2m1fn"])
 @pytest.mark.parametrize("act_scaling", quant.ACT_SCALINGS)
-@pytest.mark.parametrize("codes", ["stored", "widened"])
+@pytest.mark.parametrize("codes", ["stored", "widened", "storage operands", "bf16 operands"])
 def test_linear_matches_float64_reference(name, act_scaling, codes):
     """The W8A8 matmul is the float64 reference to 1e-5 relative to sum |x_i w_i|; the
     per-tensor activation amax excludes the masked-out rows (one holds the largest values).
-    The same with the weight codes held as bfloat16 (`widen_codes`, the CPU decode loop's)."""
+    The same with the weight codes held as bfloat16 (`widen_codes`, the CPU decode loop's),
+    and with each `QArray.operand_dtype`."""
     rng = np.random.default_rng(3)
     x = rng.standard_normal((3, 5, 128)) * np.exp(rng.standard_normal((3, 5, 1)))
     x[1, 0] = 300.0
@@ -330,6 +337,8 @@ def test_linear_matches_float64_reference(name, act_scaling, codes):
     if codes == "widened":
         q = quant.widen_codes(q, backend="cpu")
         assert q.quant.dtype == jnp.bfloat16
+    elif codes.endswith("operands"):
+        q = quant.set_operand_dtype(q, "storage" if codes.startswith("storage") else "bfloat16")
     y = np.asarray(quant.linear(x, q, row_mask=row_mask))
     ref, mag = reference_linear(x, q, row_mask)
     assert y.dtype == np.float32 and np.isfinite(y).all()
@@ -362,6 +371,51 @@ def test_widened_codes_are_the_same_numbers(name):
     assert quant.widen_codes(wide, backend="cpu") is wide
     for backend in ("gpu", "tpu"):
         assert quant.widen_codes(q, backend=backend) is q
+
+
+@pytest.mark.parametrize("act_scaling", quant.ACT_SCALINGS)
+def test_bf16_operands_are_the_fp8_products_without_an_fp8_activation(act_scaling):
+    """``operand_dtype="bfloat16"``: the same products as the FP8 operands (exact in float32:
+    the codes have at most 4 significant bits), so the same result up to float32 summation
+    order, and the program XLA receives converts no value to FP8 (the activation codes are
+    rounded in float32 arithmetic), so XLA:GPU cannot take it for an FP8 GEMM: one widening
+    convert, of the weight's codes, feeds the dot."""
+    x = randn((6, 256), seed=21) * 3.0
+    q = quant.quantize_weight(randn((96, 256), seed=22, std=0.05), act_scaling=act_scaling)
+    fp8 = np.asarray(quant.linear(x, q))
+    bf16_ops = quant.set_operand_dtype(q, "bfloat16")
+    y = np.asarray(quant.linear(x, bf16_ops))
+    mag = np.abs(np.asarray(x)) @ np.abs(np.asarray(q.dequantize())).T
+    np.testing.assert_array_less(np.abs(y - fp8), 1e-6 * mag + 1e-30)
+    lowered = jax.jit(quant.linear).lower(x, bf16_ops).as_text()
+    converts = [line for line in lowered.splitlines() if "stablehlo.convert" in line]
+    assert not any(re.search(r"-> tensor<[\dx]*f8", line) for line in converts), converts
+    assert sum("f8E4M3FN" in line for line in converts) == 1, converts
+    stored = jax.jit(quant.linear).lower(x, q).as_text()
+    assert any(re.search(r"-> tensor<[\dx]*f8", line) for line in stored.splitlines())
+
+
+def test_step_operands_give_few_row_gpu_matmuls_bf16_operands():
+    """`step_operands`: off CPU, below `FP8_GEMM_MIN_ROWS` rows, every QArray whose operand
+    dtype is not set multiplies bfloat16 operands; one set explicitly keeps its choice; plain
+    leaves are untouched; on CPU and from the threshold on, the tree itself comes back."""
+    params = quant.quantize_params(_init_params(TREE_CONFIG, jax.random.key(0)))
+    params["layers"]["o_proj"] = quant.set_operand_dtype(params["layers"]["o_proj"], "storage")
+    is_q = lambda x: isinstance(x, quant.QArray)  # noqa: E731
+    few = quant.step_operands(params, 64, backend="gpu")
+    for name, w in few["layers"].items():
+        if name == "o_proj":
+            assert w.operand_dtype == "storage"
+        elif is_q(w):
+            assert w.operand_dtype == "bfloat16" and w.quant is params["layers"][name].quant
+        else:
+            assert w is params["layers"][name]
+    assert few["embed"] is params["embed"]
+    for rows, backend in ((64, "cpu"), (quant.FP8_GEMM_MIN_ROWS, "gpu"), (4096, "tpu")):
+        assert quant.step_operands(params, rows, backend=backend) is params
+    with pytest.raises(ValueError) as info:
+        quant.set_operand_dtype(params, "float16")
+    assert "'float16'" in str(info.value) and "'bfloat16'" in str(info.value)
 
 
 def test_linear_plain_weight_is_the_plain_matmul():
