@@ -38,7 +38,9 @@ distribution: every layout holds the same numbers (a dot may sum them in another
 and the model's compute dtype in Python, before anything is traced; both layouts run in the
 CPU test suite. Under either, quantized weights keep the ``[out, in]`` layout of the FP8 GEMM,
 and on CPU, which has no FP8 dot, their codes are held as bfloat16 (`quant.widen_codes`: the
-same numbers, converted once before the loop instead of at every step).
+same numbers, converted once before the loop instead of at every step). On a GPU the prefill
+multiplies FP8 operands, and decode steps of fewer than `quant.FP8_GEMM_MIN_ROWS` rows the same
+codes as bfloat16 (`quant.step_operands`: cuBLASLt's FP8 GEMM was the slower at 64 rows).
 
 On CPU the program compiles with `compiler_options`: without XLA's while-loop invariant code
 motion, which hoisted a transposed copy of every ``[out, in]`` weight (and a float32 copy of the
@@ -88,7 +90,7 @@ from ais_jax.model import (
     unstack_layers,
 )
 from ais_jax.model_config import ModelConfig
-from ais_jax.quant import PROJECTIONS, Columns, QArray, widen_codes
+from ais_jax.quant import PROJECTIONS, Columns, QArray, step_operands, widen_codes
 from ais_jax.qwen35 import Qwen35Config
 
 
@@ -437,10 +439,12 @@ def _generate(
     def cond(state: DecodeState) -> jax.Array:
         return (state.step < T) & ~jnp.all(state.done_B)
 
+    step_params = step_operands(params, B)  # B-row matmuls: FP8 codes as bf16 on a GPU
+
     def decode_step(state: DecodeState) -> DecodeState:
         """One token per row: a forward of the last tokens (done rows masked) over the cache."""
         logits_B1V, cache = forward_cached(
-            params, config, state.last_B[:, None], state.cache, ~state.done_B[:, None]
+            step_params, config, state.last_B[:, None], state.cache, ~state.done_B[:, None]
         )
         return emit(state.replace(cache=cache), logits_B1V[:, 0])
 

@@ -1021,6 +1021,38 @@ def test_each_layout_is_the_one_the_loop_runs(params, layout, kind):
         assert len(found) == expected, (layout, kind, rows, found)
 
 
+def test_gpu_decode_steps_multiply_fp8_codes_as_bf16(params, monkeypatch):
+    """Off CPU, a decode step's few-row matmuls take bfloat16 operands
+    (`quant.step_operands`, here told the backend is a GPU): the steps' activation codes are
+    rounded in float32 arithmetic, not converted to FP8 (the prefill's still are), and the
+    rollout is the one the FP8 operands give: the same tokens, log-probs to float32 summation
+    order. On CPU `step_operands` returns the params as they are."""
+    p = quantize_fp8(params)
+    prompts, prompt_mask = map(jnp.asarray, sampler.pad_prompts(PROMPTS))
+    one = jnp.float32(1)
+    kw = dict(max_new_tokens=T, eos_ids=EOS_IDS, pad_id=0, layout=sampler.resolve_layout())
+    B = prompts.shape[0]
+    assert B < quant.FP8_GEMM_MIN_ROWS and quant.step_operands(p, B) is p
+
+    def run():  # traced anew with `step_operands` as it is now
+        fn = jax.jit(lambda p, x, m: sampler._generate(p, CONFIG, x, m, KEY, one, V, one, **kw))
+        hlo = fn.lower(p, prompts, prompt_mask).as_text()
+        to_f8 = [
+            line for line in hlo.splitlines() if re.search(r"convert.*-> tensor<[\dx]*f8", line)
+        ]
+        return fn(p, prompts, prompt_mask), to_f8
+
+    plain, plain_f8 = run()
+    gpu = lambda params, rows: quant.step_operands(params, rows, backend="gpu")  # noqa: E731
+    monkeypatch.setattr(sampler, "step_operands", gpu)
+    bf16_ops, bf16_f8 = run()
+    assert 0 < len(bf16_f8) < len(plain_f8)  # the prefill's activations only
+    for name in ("tokens", "mask", "lengths", "finished"):
+        np.testing.assert_array_equal(getattr(bf16_ops, name), getattr(plain, name))
+    for name in ("logp", "logp_plain"):
+        np.testing.assert_allclose(getattr(bf16_ops, name), getattr(plain, name), atol=1e-5, rtol=0)
+
+
 def test_fp8_codes_are_widened_once_before_the_loop(params, monkeypatch):
     """On CPU `decode_params` holds the FP8 weight codes as bfloat16 (`quant.widen_codes`), so
     no step converts a weight: the compiled rollout holds no FP8 array of a weight's shape
