@@ -10,6 +10,11 @@
    program is compiled ahead of time and its compile time reported apart; the prefill (the
    same `forward_cached` over the prompts that `generate` starts with) is compiled and timed on
    its own, so decode tokens/s = batch x (new - 1) decode steps / (generate - prefill).
+   ``--arms`` picks the FP8 forms beside BF16 (`ARMS`): ``fp8`` as `generate` runs it (its
+   decode steps below `quant.FP8_GEMM_MIN_ROWS` rows multiply the codes as bfloat16,
+   `quant.step_operands`), ``fp8-storage`` (FP8 GEMMs in the steps too), ``fp8-bf16ops`` and
+   ``fp8-bf16ops-token`` (bfloat16 operands everywhere, per-tensor or per-token activation
+   scales).
 3. The HBM-bandwidth bound of a decode step: the bytes it must read (every weight the step
    multiplies by, embedding table excluded when the LM head is separate, plus the whole
    fixed-size KV cache, which attention reads at every step) over the measured copy bandwidth;
@@ -29,6 +34,7 @@ import gzip
 import json
 import re
 import statistics
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -39,11 +45,13 @@ import jax.numpy as jnp
 from ais_jax.model import forward_cached, init_cache, init_params
 from ais_jax.model_config import ModelConfig
 from ais_jax.quant import (
+    QArray,
     get_format,
     linear,
     quantize_activation,
     quantize_fp8,
     quantize_weight,
+    set_operand_dtype,
     tree_bytes,
 )
 from ais_jax.sampler import _generate_jit, decode_params, resolve_layout
@@ -54,7 +62,7 @@ GEMM_TARGETS = {  # kind: what marks it on its instruction's line of optimized H
     "cuDNN GEMM": re.compile(r"__cudnn\$fusion"),
 }
 GEMM_FUSIONS = ("Triton GEMM", "cuDNN GEMM")  # fusions whose called computation holds the dot
-BF16 = jnp.bfloat16
+BF16, F32 = jnp.bfloat16, jnp.float32
 _CALL = re.compile(r"\b(custom-call|fusion|dot|convert)\(([^)]*)\)")
 _COMPUTATION = re.compile(r"^(?:ENTRY )?%([\w.-]+) .*\{$")  # a computation's first line
 
@@ -94,6 +102,33 @@ def gemm_counts(hlo: str) -> dict[str, int]:
         if kind:
             counts[("FP8 " if on_f8 or "matmul$f8" in line else "") + kind] += 1
     return {k: v for k, v in counts.items() if v}
+
+
+_LAUNCH = re.compile(r"= [^=]*? (fusion|custom-call|copy|sort|scatter)\((?:.*kind=(\w+))?")
+
+
+def loop_launches(hlo: str) -> dict[str, int]:
+    """What the body of the optimized HLO's first while loop (`generate`'s decode loop: one
+    iteration per token) launches, by kind: fusions by their kind (``kLoop`` elementwise,
+    ``kInput`` reductions, ``kCustom`` Triton GEMMs and other emitted fusions), custom calls
+    by target (cuBLAS), copies, sorts, scatters; ``total``: their sum, the kernels of one
+    decode step (XLA:GPU runs each fusion and custom call as at least one kernel)."""
+    body = re.search(r" while\(.*?body=%([\w.-]+)", hlo)
+    if body is None:
+        return {"total": 0}
+    lines = iter(hlo.splitlines())
+    header = re.compile(rf"^%{re.escape(body.group(1))} .*\{{$")
+    next(line for line in lines if header.match(line))
+    counts: Counter[str] = Counter()
+    for line in lines:
+        if line.strip() == "}":
+            break
+        if m := _LAUNCH.search(line):
+            op, kind = m.groups()
+            if op == "custom-call":
+                kind = re.search(r'custom_call_target="([^"]+)"', line).group(1)
+            counts[f"{op}:{kind}" if kind else op] += 1
+    return dict(sorted(counts.items())) | {"total": sum(counts.values())}
 
 
 def check_linear_hlo(out: dict) -> None:
@@ -208,10 +243,27 @@ def bench(
         "decode_tokens_per_s": batch * (new - 1) / decode_s,
         "tokens_per_s": batch * new / seconds["generate"],
         "decode_gemms": gemm_counts(gen.as_text()),
+        "loop_launches": loop_launches(gen.as_text()),
     }
 
 
 MODELS = {"qwen3-1.7b": ModelConfig.qwen3_1p7b, "qwen3-8b": ModelConfig.qwen3_8b}
+ARMS = {  # decode arm: its params from (the bf16 params, their FP8 copy)
+    "bf16": lambda bf16, fp8: bf16,
+    "fp8": lambda bf16, fp8: fp8,  # as `generate` runs it (`quant.step_operands`)
+    "fp8-storage": lambda bf16, fp8: set_operand_dtype(fp8, "storage"),  # FP8 GEMMs throughout
+    # the same codes multiplied as bfloat16 (`QArray.operand_dtype`), 1-byte weights read
+    "fp8-bf16ops": lambda bf16, fp8: set_operand_dtype(fp8, "bfloat16"),
+    "fp8-bf16ops-token": lambda bf16, fp8: set_operand_dtype(_per_token(fp8), "bfloat16"),
+}
+
+
+def _per_token(params):
+    """``params`` with every `QArray` scaling its activations per row (token)."""
+    is_q = lambda x: isinstance(x, QArray)  # noqa: E731
+    return jax.tree.map(
+        lambda x: x.replace(act_scaling="token") if is_q(x) else x, params, is_leaf=is_q
+    )
 
 
 def _linear_variants() -> dict:
@@ -225,22 +277,26 @@ def _linear_variants() -> dict:
 
     return {
         "bf16": lambda x, w, q, xq: linear(x, w),
-        "fp8 linear": lambda x, w, q, xq: linear(x, q),  # what the rollout runs
-        "fp8 GEMM alone": lambda x, w, q, xq: jnp.einsum(
-            "mi,oi->mo", xq[0], q.quant, preferred_element_type=jnp.float32
+        "fp8-linear": lambda x, w, q, xq: linear(x, q),  # what the rollout runs
+        "fp8-gemm-alone": lambda x, w, q, xq: jnp.einsum(
+            "mi,oi->mo", xq[0], q.quant, preferred_element_type=F32
         ).astype(BF16),
-        "fp8 scaled-dequant form": scaled_dequant,
+        "fp8-scaled-dequant": scaled_dequant,
         # one scale per row: a row reduction XLA may fuse with the quantization, no global amax
-        "fp8 linear, per-token scales": lambda x, w, q, xq: linear(
-            x, q.replace(act_scaling="token")
-        ),
+        "fp8-linear-per-token": lambda x, w, q, xq: linear(x, q.replace(act_scaling="token")),
+        # the same codes converted to bf16 (`QArray.operand_dtype`): a 16-bit GEMM reading the
+        # 1-byte weight codes, with and without the activation's quantization
+        "fp8-linear-bf16-ops": lambda x, w, q, xq: linear(x, q.replace(operand_dtype="bfloat16")),
+        "bf16-ops-gemm-alone": lambda x, w, q, xq: jnp.einsum(
+            "mi,oi->mo", xq[0].astype(BF16), q.quant.astype(BF16), preferred_element_type=F32
+        ).astype(BF16),
     }
 
 
 CALLS = 10  # `bench_linears`: calls per timing, so a call's launch and wait are amortized
 
 
-def bench_linears(config: ModelConfig, batches, repeats: int) -> list[dict]:
+def bench_linears(config: ModelConfig, batches, repeats: int, variants) -> list[dict]:
     """Each `_linear_variants` variant over the decode step's matmul shapes: one program runs
     the variant once per layer, over ``num_layers`` distinct weights (as a decode step does,
     so no call is hoisted or cached), summing the outputs; microseconds per matmul (the median
@@ -258,6 +314,8 @@ def bench_linears(config: ModelConfig, batches, repeats: int) -> list[dict]:
             xq = quantize_activation(x, get_format("float8_e4m3fn"))
             row: dict = {"matmul": label, "shape": [out_dim, in_dim], "batch": batch}
             for name, f in _linear_variants().items():
+                if name not in variants:
+                    continue
 
                 def layers(x, ws, qs, xq, f=f):
                     ys = [f(x, w, q, xq) for w, q in zip(ws, qs, strict=True)]
@@ -299,8 +357,7 @@ def main(argv: list[str] | None = None) -> None:
         "--linears",
         action="store_true",
         help="also time one decode step's matmuls alone, per variant (`_linear_variants`: "
-        "bf16, FP8 as `linear` runs it, the FP8 GEMM alone, the scaled-dequant form, "
-        "per-token scales), on the first model's shapes",
+        f"{', '.join(_linear_variants())}), on the first model's shapes",
     )
     ap.add_argument("--hlo-dir", type=Path, help="save each generate program's optimized HLO")
     ap.add_argument(
@@ -308,6 +365,15 @@ def main(argv: list[str] | None = None) -> None:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="the decode throughput rows (--no-decode: only the HLO check and --linears)",
+    )
+    ap.add_argument(
+        "--arms",
+        default="bf16,fp8",
+        help=f"the decode arms, bf16 first, of {', '.join(ARMS)} (`ARMS`)",
+    )
+    ap.add_argument(
+        "--linear-variants",
+        help=f"the --linears variants to run (default all): of {', '.join(_linear_variants())}",
     )
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--prompt", type=int, default=128)
@@ -317,6 +383,13 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"--batches {args.batches!r}: positive integers separated by commas, e.g. 64,256")
     args.batches = tuple(int(b) for b in args.batches.split(","))
     args.models = args.models.split(",")
+    args.arms = args.arms.split(",")
+    if args.arms[0] != "bf16" or len(args.arms) < 2 or not set(args.arms) <= set(ARMS):
+        ap.error(f"--arms {','.join(args.arms)}: bf16, then one or more of {', '.join(ARMS)}")
+    variants = _linear_variants()
+    args.linear_variants = (args.linear_variants or ",".join(variants)).split(",")
+    if unknown := [v for v in args.linear_variants if v not in variants]:
+        ap.error(f"--linear-variants: unknown {unknown}; known: {', '.join(variants)}")
     if unknown := [m for m in args.models if m not in MODELS]:
         ap.error(f"--models: unknown {unknown}; known: {', '.join(MODELS)}")
     if args.smoke:
@@ -332,7 +405,7 @@ def main(argv: list[str] | None = None) -> None:
     print(json.dumps(out), flush=True)
     if args.linears:
         config, batches = next(iter(shapes(args).values()))
-        for row in bench_linears(config, batches, args.repeats):
+        for row in bench_linears(config, batches, args.repeats, args.linear_variants):
             print(json.dumps(row), flush=True)
     slots = args.prompt + args.new
     for name, (config, batches) in shapes(args).items() if args.decode else ():
@@ -350,7 +423,8 @@ def main(argv: list[str] | None = None) -> None:
             row: dict = {"model": name, "batch": batch, "prompt": args.prompt, "new": args.new}
             kv = kv_cache_bytes(config, batch, slots, jnp.bfloat16)
             step_bytes = {}
-            for label, params in (("bf16", bf16), ("fp8", fp8)):
+            arms = {label: ARMS[label](bf16, fp8) for label in args.arms}
+            for label, params in arms.items():
                 hlo = args.hlo_dir and args.hlo_dir / f"{name}_b{batch}_{label}.hlo.txt.gz"
                 r = bench(config, params, batch, args.prompt, args.new, args.repeats, hlo)
                 step_bytes[label] = decode_weight_bytes(params) + kv
@@ -358,11 +432,17 @@ def main(argv: list[str] | None = None) -> None:
                 r["step_gb"] = step_bytes[label] / 1e9
                 r["roofline_frac"] = step_bytes[label] / step_s / (out["hbm_gbs"] * 1e9)
                 row[label] = r
-            row["fp8_over_bf16_decode"] = (
-                row["fp8"]["decode_tokens_per_s"] / row["bf16"]["decode_tokens_per_s"]
-            )
-            row["fp8_over_bf16_generate"] = row["fp8"]["tokens_per_s"] / row["bf16"]["tokens_per_s"]
-            row["byte_ratio"] = step_bytes["bf16"] / step_bytes["fp8"]
+                tok_s = r["decode_tokens_per_s"]
+                print(f"{name} b{batch} {label}: {tok_s:.0f} decode tok/s", file=sys.stderr)
+            for label in list(arms)[1:]:
+                key = label.replace("-", "_")
+                row[f"{key}_over_bf16_decode"] = (
+                    row[label]["decode_tokens_per_s"] / row["bf16"]["decode_tokens_per_s"]
+                )
+                row[f"{key}_over_bf16_generate"] = (
+                    row[label]["tokens_per_s"] / row["bf16"]["tokens_per_s"]
+                )
+            row["byte_ratio"] = step_bytes["bf16"] / step_bytes[list(arms)[1]]
             print(json.dumps(row), flush=True)
         del bf16, fp8
 

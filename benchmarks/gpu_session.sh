@@ -27,6 +27,12 @@
 # split it: the default FP8_ARGS, the target's shape (~5 minutes), with the step benchmark in one
 # call; then FP8_ARGS="--models qwen3-1.7b" PARTS=fp8; and to see where an FP8 matmul's time
 # goes, FP8_ARGS="--models qwen3-8b --linears --no-decode" PARTS=fp8.
+# Second lease (2026-12-04): one arm of the 8B batch-64 row took about 65-80 s (compiles), the
+# --linears part about 80 s; the step benchmark with TRL did not finish in 150 s (ais_jax alone
+# 71 s), give it 240. FP8_ARGS is split on spaces: names in it (--arms, --linear-variants) have
+# none. Still unmeasured: `generate` as it now runs (FP8 prefill, bf16-operand steps) against
+# FP8 GEMMs throughout at the threshold's untested point, 128 rows:
+# FP8_ARGS="--models qwen3-8b --batches 128 --arms bf16,fp8,fp8-storage" PARTS=fp8.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/gpu_session}"

@@ -276,13 +276,51 @@ def test_gpu_fp8_counts_each_kind_of_gemm():
     }
 
 
+LOOP_HLO = "\n".join(  # a while loop as XLA:GPU prints it, cut short
+    [
+        "%body.1 (p: (s32[], bf16[64,8])) -> (s32[], bf16[64,8]) {",
+        "  %p = (s32[], bf16[64,8]{1,0}) parameter(0)",
+        "  %gte = bf16[64,8]{1,0} get-tuple-element(%p), index=1",
+        "  %f.1 = f32[] fusion(%gte), kind=kInput, calls=%amax",
+        "  %f.2 = bf16[64,8]{1,0} fusion(%gte, %f.1), kind=kLoop, calls=%scale",
+        "  %f.3 = bf16[64,8]{1,0} fusion(%f.2), kind=kCustom, calls=%gemm_fusion",
+        '  %g = (f32[64,8]{1,0}) custom-call(%f.3, %w), custom_call_target="__cublas$gemm"',
+        "  %c = bf16[64,8]{1,0} copy(%f.3)",
+        "  ROOT %t = (s32[], bf16[64,8]{1,0}) tuple(%i, %c)",
+        "}",
+        "%amax (a: bf16[64,8]) -> f32[] {",
+        "  %r = f32[] fusion(%a), kind=kInput, calls=%inner",
+        "}",
+        "ENTRY %main (x: bf16[64,8]) -> bf16[64,8] {",
+        "  %f.0 = bf16[64,8]{1,0} fusion(%x), kind=kLoop, calls=%prefill",
+        "  %w.1 = (s32[], bf16[64,8]{1,0}) while(%init), condition=%cond.1, body=%body.1",
+        "}",
+    ]
+)
+
+
+def test_gpu_fp8_loop_launches_count_the_decode_loop_body_only():
+    """`loop_launches` counts what the while loop's body launches (fusions by kind, custom
+    calls by target, copies), not the fusions it calls into nor the program around the loop."""
+    launches = _module("gpu_fp8").loop_launches(LOOP_HLO)
+    assert launches == {
+        "copy": 1,
+        "custom-call:__cublas$gemm": 1,
+        "fusion:kCustom": 1,
+        "fusion:kInput": 1,
+        "fusion:kLoop": 1,
+        "total": 5,
+    }
+    assert _module("gpu_fp8").loop_launches("ENTRY %main () -> f32[] {\n}") == {"total": 0}
+
+
 def test_gpu_fp8_smoke_runs_the_whole_script_on_cpu(capsys):
     """benchmarks/gpu_fp8.py ``--smoke`` (the tiny shape on CPU; the GPU runs its full shapes):
     every stage runs, XLA:CPU widens both FP8 operands of the linear (no FP8 GEMM here), each
     matmul variant runs once per layer, and a decode step's bytes are the weights it reads plus
     the whole KV cache."""
     gpu_fp8 = _module("gpu_fp8")
-    gpu_fp8.main(["--smoke", "--linears"])
+    gpu_fp8.main(["--smoke", "--linears", "--arms", ",".join(gpu_fp8.ARMS)])
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert rows[0]["linear_gemms"] == {"dot": 1, "f8 converted": 2}
     matmuls = [r for r in rows if "matmul" in r]
@@ -295,9 +333,12 @@ def test_gpu_fp8_smoke_runs_the_whole_script_on_cpu(capsys):
     assert (row["model"], row["batch"], row["prompt"], row["new"]) == ("tiny", 4, 8, 4)
     assert "f8 converted" in row["fp8"]["decode_gemms"], row
     assert "f8 converted" not in row["bf16"]["decode_gemms"], row
-    for label in ("bf16", "fp8"):
+    for label in gpu_fp8.ARMS:
         assert row[label]["generate_s"] > 0 and row[label]["prefill_s"] > 0
+        assert row[label]["loop_launches"]["total"] > 0
         assert row[label]["compile_s"]["generate"] > 0
+    ratios = {k for k in row if k.endswith("_over_bf16_decode")}
+    assert ratios == {f"{a.replace('-', '_')}_over_bf16_decode" for a in list(gpu_fp8.ARMS)[1:]}
     config = gpu_fp8.ModelConfig.tiny()
     params = init_params(config, jax.random.key(0), jnp.bfloat16)
     layer_bytes = sum(x.size * 2 for x in jax.tree.leaves(params["layers"]))
@@ -312,6 +353,22 @@ def test_gpu_fp8_smoke_runs_the_whole_script_on_cpu(capsys):
     assert 0.99 < row["byte_ratio"] < 1
     stored = quantize_fp8(params)
     assert 1 < gpu_fp8.decode_weight_bytes(params) / gpu_fp8.decode_weight_bytes(stored) < 2
+
+
+@pytest.mark.parametrize(
+    "argv, allowed",
+    [
+        (["--arms", "fp8,bf16"], "fp8-bf16ops"),
+        (["--arms", "bf16"], "fp8-bf16ops"),
+        (["--arms", "bf16,fp9"], "fp8-bf16ops"),
+        (["--linear-variants", "fp9 linear"], "bf16-ops-gemm-alone"),
+    ],
+)
+def test_gpu_fp8_bad_arms_and_variants_name_the_value(argv, allowed, capsys):
+    with pytest.raises(SystemExit):
+        _module("gpu_fp8").main(["--smoke", *argv])
+    err = capsys.readouterr().err
+    assert argv[1] in err and allowed in err, err
 
 
 def test_grpo_step_report_adds_device_memory_on_an_accelerator(capsys):
