@@ -32,7 +32,10 @@
 # 71 s), give it 240. FP8_ARGS is split on spaces: names in it (--arms, --linear-variants) have
 # none. Still unmeasured: `generate` as it now runs (FP8 prefill, bf16-operand steps) against
 # FP8 GEMMs throughout at the threshold's untested point, 128 rows:
-# FP8_ARGS="--models qwen3-8b --batches 128 --arms bf16,fp8,fp8-storage" PARTS=fp8.
+# FP8_ARGS="--models qwen3-8b --batches 128 --arms bf16,fp8,fp8-storage" PARTS=fp8. And
+# whether the decode step's per-kernel cost (~3.2 us a launch, benchmarks/README.md) shrinks
+# when XLA records the whole loop as one CUDA graph: the same call with XLA_FLAGS=
+# "--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,WHILE,CONDITIONAL" set.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/gpu_session}"
