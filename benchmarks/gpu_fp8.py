@@ -277,15 +277,15 @@ def _linear_variants() -> dict:
 
     return {
         "bf16": lambda x, w, q, xq: linear(x, w),
-        "fp8-linear": lambda x, w, q, xq: linear(x, q),  # what the rollout runs
+        "fp8-linear": lambda x, w, q, xq: linear(x, q),  # FP8 operands: the prefill's form
         "fp8-gemm-alone": lambda x, w, q, xq: jnp.einsum(
             "mi,oi->mo", xq[0], q.quant, preferred_element_type=F32
         ).astype(BF16),
         "fp8-scaled-dequant": scaled_dequant,
         # one scale per row: a row reduction XLA may fuse with the quantization, no global amax
         "fp8-linear-per-token": lambda x, w, q, xq: linear(x, q.replace(act_scaling="token")),
-        # the same codes converted to bf16 (`QArray.operand_dtype`): a 16-bit GEMM reading the
-        # 1-byte weight codes, with and without the activation's quantization
+        # the same codes as bf16 operands (`QArray.operand_dtype`; a GPU decode step's form): a
+        # 16-bit GEMM reading the 1-byte weight codes, with and without the quantization of x
         "fp8-linear-bf16-ops": lambda x, w, q, xq: linear(x, q.replace(operand_dtype="bfloat16")),
         "bf16-ops-gemm-alone": lambda x, w, q, xq: jnp.einsum(
             "mi,oi->mo", xq[0].astype(BF16), q.quant.astype(BF16), preferred_element_type=F32
