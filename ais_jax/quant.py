@@ -202,10 +202,15 @@ def widen_codes(w: QArray, backend: str | None = None) -> QArray:
     return w.replace(quant=w.quant.astype(jnp.bfloat16))
 
 
+def map_qarrays(f, params: Any) -> Any:
+    """``f`` applied to every `QArray` of a pytree; other leaves as they are."""
+    is_q = lambda x: isinstance(x, QArray)  # noqa: E731
+    return jax.tree.map(lambda x: f(x) if is_q(x) else x, params, is_leaf=is_q)
+
+
 def widen_tree_codes(params: Any, backend: str | None = None) -> Any:
     """`widen_codes` applied to every `QArray` of a pytree; other leaves as they are."""
-    is_q = lambda x: isinstance(x, QArray)  # noqa: E731
-    return jax.tree.map(lambda x: widen_codes(x, backend) if is_q(x) else x, params, is_leaf=is_q)
+    return map_qarrays(lambda w: widen_codes(w, backend), params)
 
 
 OPERAND_DTYPES = (None, "storage", "bfloat16")  # `QArray.operand_dtype`
@@ -224,10 +229,7 @@ def set_operand_dtype(params: Any, operand_dtype: str | None) -> Any:
     they are; other leaves as they are."""
     if operand_dtype not in OPERAND_DTYPES:
         raise ValueError(f"operand_dtype={operand_dtype!r}; valid values: {list(OPERAND_DTYPES)}.")
-    is_q = lambda x: isinstance(x, QArray)  # noqa: E731
-    return jax.tree.map(
-        lambda x: x.replace(operand_dtype=operand_dtype) if is_q(x) else x, params, is_leaf=is_q
-    )
+    return map_qarrays(lambda w: w.replace(operand_dtype=operand_dtype), params)
 
 
 def step_operands(params: Any, rows: int, backend: str | None = None) -> Any:
@@ -238,11 +240,8 @@ def step_operands(params: Any, rows: int, backend: str | None = None) -> Any:
     backend = jax.default_backend() if backend is None else backend
     if backend == "cpu" or rows >= FP8_GEMM_MIN_ROWS:
         return params
-    is_auto = lambda x: isinstance(x, QArray) and x.operand_dtype is None  # noqa: E731
-    return jax.tree.map(
-        lambda x: x.replace(operand_dtype="bfloat16") if is_auto(x) else x,
-        params,
-        is_leaf=lambda x: isinstance(x, QArray),
+    return map_qarrays(
+        lambda w: w.replace(operand_dtype="bfloat16") if w.operand_dtype is None else w, params
     )
 
 

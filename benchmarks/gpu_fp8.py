@@ -45,9 +45,9 @@ import jax.numpy as jnp
 from ais_jax.model import forward_cached, init_cache, init_params
 from ais_jax.model_config import ModelConfig
 from ais_jax.quant import (
-    QArray,
     get_format,
     linear,
+    map_qarrays,
     quantize_activation,
     quantize_fp8,
     quantize_weight,
@@ -260,10 +260,7 @@ ARMS = {  # decode arm: its params from (the bf16 params, their FP8 copy)
 
 def _per_token(params):
     """``params`` with every `QArray` scaling its activations per row (token)."""
-    is_q = lambda x: isinstance(x, QArray)  # noqa: E731
-    return jax.tree.map(
-        lambda x: x.replace(act_scaling="token") if is_q(x) else x, params, is_leaf=is_q
-    )
+    return map_qarrays(lambda w: w.replace(act_scaling="token"), params)
 
 
 def _linear_variants() -> dict:
