@@ -212,9 +212,10 @@ def bench(
     config, params, batch: int, prompt: int, new: int, repeats: int, hlo_path: Path | None = None
 ) -> dict:
     gen, pre, compile_s = compiled_programs(config, params, batch, prompt, new)
-    if hlo_path is not None:  # the optimized generate program, to read which GEMM is which
+    hlo = gen.as_text()  # the optimized generate program (megabytes on the GPU shapes)
+    if hlo_path is not None:  # saved, to read which GEMM is which
         hlo_path.parent.mkdir(parents=True, exist_ok=True)
-        hlo_path.write_bytes(gzip.compress(gen.as_text().encode()))
+        hlo_path.write_bytes(gzip.compress(hlo.encode()))
     prompts = jax.random.randint(jax.random.key(1), (batch, prompt), 0, config.vocab_size)
     mask = jnp.ones((batch, prompt), bool)
     one, vocab = jnp.float32(1), jnp.int32(config.vocab_size)
@@ -242,8 +243,8 @@ def bench(
         "decode_s": decode_s,
         "decode_tokens_per_s": batch * (new - 1) / decode_s,
         "tokens_per_s": batch * new / seconds["generate"],
-        "decode_gemms": gemm_counts(gen.as_text()),
-        "loop_launches": loop_launches(gen.as_text()),
+        "decode_gemms": gemm_counts(hlo),
+        "loop_launches": loop_launches(hlo),
     }
 
 
