@@ -35,7 +35,7 @@ Rows marked invalid by ``row_mask`` (padding, finished sequences) never enter an
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -94,7 +94,8 @@ class QArray:
 
     quant: codes, ``[..., O, I]`` in the format's storage dtype (or held as bfloat16, the same
         numbers, where `widen_codes` says so).
-    scale: float32 per-tensor scale, shape ``[...]`` (one per stacked layer).
+    scale: float32 per-tensor scale, shape ``[...]`` (one per stacked layer); or, for several
+        weights held as one (`concat_rows`), ``[..., O]``: each row its own weight's scale.
     operand_dtype: the dtype both operands' codes enter `linear`'s dot as (`OPERAND_DTYPES`):
         ``"storage"``, the codes' storage dtype (FP8 operands: an FP8 GEMM where the backend
         has one, cuBLASLt's on Hopper); ``"bfloat16"``, the same numbers converted, for a
@@ -114,7 +115,8 @@ class QArray:
         return self.quant.shape
 
     def dequantize(self, dtype=jnp.float32) -> jax.Array:
-        scale = self.scale.reshape(self.scale.shape + (1, 1))
+        per_row = self.scale.ndim == self.quant.ndim - 1
+        scale = self.scale[..., None] if per_row else self.scale[..., None, None]
         return (self.quant.astype(jnp.float32) * scale).astype(dtype)
 
 
@@ -134,6 +136,10 @@ class Columns:
     back into the dot. Other products (more rows, 16-bit operands) are the plain ones."""
 
     w_OI: jax.Array
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.w_OI.shape
 
 
 # ---- the quantizer ----------------------------------------------------------------------------
@@ -334,7 +340,8 @@ def linear(
     wq = w.quant if operands is None else w.quant.astype(operands)
     xq = xq.astype(wq.dtype)
     y = jnp.einsum("...i,oi->...o", xq, wq, preferred_element_type=jnp.float32)
-    return (y * (x_scale * w.scale)).astype(out_dtype)
+    w_scale = w.scale.reshape((1,) * (y.ndim - w.scale.ndim) + w.scale.shape)  # [] or [O]
+    return (y * (x_scale * w_scale)).astype(out_dtype)
 
 
 def columns_dot(x: jax.Array, w_OI: jax.Array) -> jax.Array:
@@ -343,6 +350,68 @@ def columns_dot(x: jax.Array, w_OI: jax.Array) -> jax.Array:
     x_IR = jax.lax.optimization_barrier(x.reshape(-1, x.shape[-1]).T)
     y_OR = jnp.matmul(w_OI, x_IR, preferred_element_type=F32)
     return jax.lax.optimization_barrier(y_OR).T.reshape(*x.shape[:-1], w_OI.shape[0])
+
+
+def concat_rows(ws: Sequence[Any], groups: int = 1) -> Any:
+    """Weights ``[..., O_i, I]`` that multiply one input, held as one ``[..., sum O_i, I]``
+    weight of their kind (plain arrays, `Columns` or `QArray` s), so that `linear` runs one
+    matmul where there were ``len(ws)``; `split_rows` takes its product apart again.
+
+    The rows come in ``groups`` blocks, block g holding the g-th ``1/groups`` of every weight's
+    rows in the order of ``ws``. With ``groups`` = the number of KV heads, a layer's q/k/v rows
+    are each KV head's query heads, then its key and its value head, so a contiguous split of
+    the rows over tensor-parallel devices leaves every device whole heads of all three.
+    `QArray` s keep their own scales as a per-row scale: every product is the one it was."""
+    kinds = {type(w) for w in ws}
+    if len(kinds) != 1 or not ws:
+        raise ValueError(
+            f"concat_rows: weights of one kind needed, got {sorted(k.__name__ for k in kinds)}."
+        )
+    first = ws[0]
+    arrays = [
+        w.w_OI if isinstance(w, Columns) else w.quant if isinstance(w, QArray) else w for w in ws
+    ]
+    rows = [a.shape[-2] for a in arrays]
+    if groups < 1 or any(r % groups for r in rows):
+        raise ValueError(f"concat_rows: groups={groups!r} must divide every weight's rows {rows}.")
+
+    def join(parts):  # [..., O_i, X] -> [..., sum O_i, X], in blocks
+        lead = parts[0].shape[:-2]
+        blocks = [a.reshape(*lead, groups, a.shape[-2] // groups, a.shape[-1]) for a in parts]
+        joined = jnp.concatenate(blocks, axis=-2)
+        return joined.reshape(*lead, -1, joined.shape[-1])
+
+    if isinstance(first, Columns):
+        return Columns(join(arrays))
+    if not isinstance(first, QArray):
+        return join(arrays)
+    static = {(w.fmt, w.act_scaling, w.operand_dtype, jnp.dtype(w.quant.dtype)) for w in ws}
+    if len(static) != 1:
+        raise ValueError(
+            f"concat_rows: QArrays of one format, scaling and dtype needed, got {static}."
+        )
+
+    def row_scales(w):  # [..., O, 1]
+        per_row = w.scale.ndim == w.quant.ndim - 1
+        return (
+            w.scale[..., None]
+            if per_row
+            else jnp.broadcast_to(w.scale[..., None, None], (*w.scale.shape, w.shape[-2], 1))
+        )
+
+    return first.replace(quant=join(arrays), scale=join([row_scales(w) for w in ws])[..., 0])
+
+
+def split_rows(y: jax.Array, sizes: Sequence[int], groups: int = 1) -> tuple[jax.Array, ...]:
+    """The products ``y[..., sum O_i]`` of a `concat_rows` weight (of ``groups`` blocks) as
+    the products ``[..., O_i]`` of its weights, ``sizes`` = their rows ``O_i``."""
+    lead = y.shape[:-1]
+    y_GO = y.reshape(*lead, groups, y.shape[-1] // groups)
+    cuts = np.cumsum([s // groups for s in sizes])[:-1]
+    return tuple(
+        part.reshape(*lead, size)
+        for part, size in zip(jnp.split(y_GO, cuts, axis=-1), sizes, strict=True)
+    )
 
 
 # ---- whole-tree helpers --------------------------------------------------------------------

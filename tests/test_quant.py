@@ -545,6 +545,69 @@ def test_token_scaling_rows_are_independent():
     ).any()
 
 
+# ---- several weights of one input held as one -----------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["float32", "bfloat16", "columns", "fp8-tensor", "fp8-token"])
+@pytest.mark.parametrize("groups", [1, 4])
+def test_concat_rows_gives_each_weights_own_products(kind, groups):
+    """`concat_rows` of three weights of one input (rows 64, 16, 16: q/k/v-like) in ``groups``
+    blocks, and `split_rows` of its product: every part is its weight's product, the float64
+    reference's to float32 summation (1e-6 of sum |x w|; 1e-5 for FP8, as
+    `test_linear_matches_float64_reference`). The fused rows are, block by block, the matching
+    rows of each weight; a fused `QArray` keeps every weight's own scale (its dequantized rows
+    are the weights' own, bit for bit) and quantizes the activation over the valid rows once."""
+    rng = np.random.default_rng(7)
+    x = jnp.asarray(rng.standard_normal((3, 5, 128)) * np.exp(rng.standard_normal((3, 5, 1))))
+    x = x.astype(jnp.float32)
+    row_mask = jnp.ones((3, 5), bool).at[1, :2].set(False)
+    sizes = (64, 16, 16)
+    dense = [randn((o, 128), seed=10 + i, std=0.05 * (i + 1)) for i, o in enumerate(sizes)]
+    if kind.startswith("fp8"):
+        ws = [quant.quantize_weight(w, act_scaling=kind.split("-")[1]) for w in dense]
+    elif kind == "columns":
+        ws = [quant.Columns(w) for w in dense]
+    else:
+        ws = [w.astype(kind) for w in dense]
+        x = x.astype(kind)
+    fused = quant.concat_rows(ws, groups=groups)
+    assert type(fused) is type(ws[0]) and fused.shape == (sum(sizes), 128)
+    rows_of = lambda w: np.asarray(  # noqa: E731
+        w.dequantize() if isinstance(w, QArray) else getattr(w, "w_OI", w), np.float32
+    )
+    blocks = [rows_of(w).reshape(groups, -1, 128) for w in ws]
+    np.testing.assert_array_equal(rows_of(fused), np.concatenate(blocks, 1).reshape(-1, 128))
+    y = quant.linear(x, fused, row_mask=row_mask, out_dtype=jnp.float32)
+    parts = quant.split_rows(y, sizes, groups=groups)
+    valid = np.asarray(row_mask)[..., None]
+    for w, part in zip(ws, parts, strict=True):
+        assert part.shape == (3, 5, w.shape[0])
+        if isinstance(w, QArray):
+            ref, mag = reference_linear(x, w, row_mask)
+            err = np.where(valid, np.abs(np.asarray(part) - ref), 0)
+            assert (err <= 1e-5 * mag).all(), (err / mag).max()
+            continue
+        x64, w64 = np.asarray(x, np.float64), rows_of(w).astype(np.float64)
+        ref, mag = x64 @ w64.T, np.abs(x64) @ np.abs(w64.T)
+        err = np.abs(np.asarray(part) - ref)
+        assert (err <= 1e-6 * mag).all(), (err / mag).max()
+
+
+def test_concat_rows_bad_weights_name_what_is_wrong():
+    w = randn((8, 16), seed=1)
+    q = quant.quantize_weight(w)
+    with pytest.raises(ValueError, match=r"one kind.*QArray"):
+        quant.concat_rows([q, w])
+    with pytest.raises(
+        ValueError, match=re.escape("groups=3 must divide every weight's rows [8, 8]")
+    ):
+        quant.concat_rows([w, w], groups=3)
+    with pytest.raises(ValueError, match="float8_e5m2"):
+        quant.concat_rows([q, quant.quantize_weight(w, "float8_e5m2")])
+    with pytest.raises(ValueError, match="one kind"):
+        quant.concat_rows([])
+
+
 # ---- the rollout parameter tree ------------------------------------------------------------------
 
 TREE_CONFIG = dataclasses.replace(MODEL, vocab_size=96, num_layers=3, intermediate_size=80)
