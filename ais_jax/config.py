@@ -239,7 +239,8 @@ class RolloutConfig:
     top_k: int | None = None
     top_p: float | None = None
     # How decode holds the weights (`sampler.DECODE_LAYOUTS`); "auto" picks
-    # `sampler.default_layout`: "out_in_columns" for float32 models on CPU, else "out_in".
+    # `sampler.default_layout`: "out_in_columns" for float32 models on CPU, else "out_in"; the
+    # "*_fused" layouts hold each layer's q/k/v and gate/up as one weight each.
     decode_layout: str = "auto"
     diffusion: DiffusionConfig = dataclasses.field(default_factory=DiffusionConfig)
 

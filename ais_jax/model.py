@@ -13,7 +13,9 @@ Hugging Face `[out, in]` layout:
             post_norm [L, D]  gate_proj/up_proj [L, F, D]  down_proj [L, D, F]
 
 ``layers`` may also be a list of L per-layer dicts (`unstack_layers`), which the sampler uses
-inside its decode loop.
+inside its decode loop, and a layer's q/k/v and gate/up weights may be held as one
+``qkv_proj [K*(R+2)*E, D]`` and one ``gate_up_proj [2*F, D]`` (`fuse_projections`: two
+matmuls where there were five).
 
 Every matmul goes through `quant.linear`, so the same code is the BF16 trainer (plain arrays)
 and the FP8 rollout engine (`QArray` weights). The compute dtype is the embedding's dtype;
@@ -54,7 +56,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from ais_jax.model_config import ModelConfig
-from ais_jax.quant import QArray, linear
+from ais_jax.quant import QArray, concat_rows, linear, split_rows
 
 Params = dict[str, Any]
 F32 = jnp.float32
@@ -312,11 +314,38 @@ def _cache_layout(k_BSKE: jax.Array, v_BSKE: jax.Array) -> tuple[jax.Array, jax.
     return k_BSKE.transpose(0, 2, 1, 3), v_BSKE.transpose(0, 2, 3, 1)
 
 
+QKV_PROJ, GATE_UP_PROJ = "qkv_proj", "gate_up_proj"  # `fuse_projections`' names
+
+
+def fuse_projections(lp: Params, c: ModelConfig) -> Params:
+    """A Qwen3/Qwen2 layer's params with its q/k/v weights held as one ``qkv_proj`` and its
+    gate/up weights as one ``gate_up_proj`` (`quant.concat_rows`; plain arrays, `Columns` and
+    `QArray` s alike): the layer then runs two matmuls where it ran five, with the same
+    products (a quantized layer's activation scales too: the five share two inputs, whose
+    quantization XLA already computed once each). The rows come in per-KV-head blocks (a head's R
+    query heads, its key, its value) and per-channel pairs (gate, up), so that tensor-parallel
+    shards of the fused weights hold whole heads and matching channels. A layer without these
+    weights (already fused) is returned as it is. Stacked ``[L, O, I]`` or per-layer."""
+    fused = dict(lp)
+    if all(n in lp for n in ("q_proj", "k_proj", "v_proj")):
+        parts = [fused.pop(n) for n in ("q_proj", "k_proj", "v_proj")]
+        fused[QKV_PROJ] = concat_rows(parts, groups=c.num_kv_heads)
+    if "gate_proj" in lp and "up_proj" in lp:
+        parts = [fused.pop(n) for n in ("gate_proj", "up_proj")]
+        fused[GATE_UP_PROJ] = concat_rows(parts, groups=c.intermediate_size)
+    return fused
+
+
 def _qkv(lp: Params, c: ModelConfig, x_BSD, positions_BS, row_mask_BS):
     B, S, _ = x_BSD.shape
-    q = linear(x_BSD, lp["q_proj"], row_mask=row_mask_BS)
-    k = linear(x_BSD, lp["k_proj"], row_mask=row_mask_BS)
-    v = linear(x_BSD, lp["v_proj"], row_mask=row_mask_BS)
+    if QKV_PROJ in lp:
+        HE, KE = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        qkv = linear(x_BSD, lp[QKV_PROJ], row_mask=row_mask_BS)
+        q, k, v = split_rows(qkv, (HE, KE, KE), groups=c.num_kv_heads)
+    else:
+        q = linear(x_BSD, lp["q_proj"], row_mask=row_mask_BS)
+        k = linear(x_BSD, lp["k_proj"], row_mask=row_mask_BS)
+        v = linear(x_BSD, lp["v_proj"], row_mask=row_mask_BS)
     if c.attention_bias:
         q, k, v = (
             (_f32(a) + jnp.broadcast_to(_f32(lp[f"{n}_bias"].astype(a.dtype)), a.shape)).astype(
@@ -338,8 +367,13 @@ def _qkv(lp: Params, c: ModelConfig, x_BSD, positions_BS, row_mask_BS):
 
 
 def _mlp(lp: Params, x_BSD, row_mask_BS):
-    gate = linear(x_BSD, lp["gate_proj"], row_mask=row_mask_BS)
-    up = linear(x_BSD, lp["up_proj"], row_mask=row_mask_BS)
+    if GATE_UP_PROJ in lp:
+        gate_up = linear(x_BSD, lp[GATE_UP_PROJ], row_mask=row_mask_BS)
+        F = gate_up.shape[-1] // 2
+        gate, up = split_rows(gate_up, (F, F), groups=F)
+    else:
+        gate = linear(x_BSD, lp["gate_proj"], row_mask=row_mask_BS)
+        up = linear(x_BSD, lp["up_proj"], row_mask=row_mask_BS)
     return linear(swiglu(gate, up), lp["down_proj"], row_mask=row_mask_BS)
 
 

@@ -22,7 +22,8 @@ Params and optimizer state stay resident through the whole step; the training ph
 gradients and the bf16 copy, the rollout phase adds the FP8 copy and the KV cache. Activations
 (which depend on rematerialisation and minibatch size) and XLA's temporaries are not counted:
 leave headroom. Nor is, on CPU, the rollout's bfloat16 copy of the FP8 codes (2 bytes per
-weight, `quant.widen_codes`); on GPU and TPU the loop reads the FP8 copy itself.
+weight, `quant.widen_codes`); on GPU and TPU the loop reads the FP8 copy itself. Nor is a
+fused decode layout's copy of each layer's q/k/v and gate/up weights (`model.fuse_projections`).
 ``optim.remat=true`` keeps the update's activations to the residual stream (one ``[b, S, D]``
 per layer) and one layer's own.
 

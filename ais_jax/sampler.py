@@ -33,10 +33,18 @@ distribution: every layout holds the same numbers (a dot may sum them in another
 - ``"out_in"``: the same weights, plain: every product is ``x @ w^T`` (the form of the FP8 GEMM
   and of cuBLAS / TPU matmuls). The default on GPU and TPU, and on CPU for 16-bit and FP8
   models (XLA:CPU's bfloat16 ``(w @ x^T)^T`` is several times slower than its ``x @ w^T``).
+- ``"out_in_columns_fused"``, ``"out_in_fused"``: either, with every Qwen3/Qwen2 layer's
+  q/k/v and gate/up weights held as one weight each (`model.fuse_projections`, a copy made
+  before the loop): two matmuls per layer where there were five, with the same products.
+  Never the default: on CPU, batch-128 FP8 rollouts of the benchmarks' tiny and small models
+  ran 7-21% faster, bf16 and float32 ones within about 5% either way, batch-8 tiny ones 7-20%
+  slower (`benchmarks/fused_projections.py`); on a GPU, where a decode step's time is
+  largely kernel launches, `benchmarks/gpu_fp8.py`'s ``*-fused`` arms are still to be run.
+  Qwen3.5 layers keep their projections apart.
 
 ``layout="auto"`` (the default) is resolved by `default_layout` from `jax.default_backend()`
-and the model's compute dtype in Python, before anything is traced; both layouts run in the
-CPU test suite. Under either, quantized weights keep the ``[out, in]`` layout of the FP8 GEMM,
+and the model's compute dtype in Python, before anything is traced; every layout runs in the
+CPU test suite. Under every layout, quantized weights keep the ``[out, in]`` layout of the FP8 GEMM,
 and on CPU, which has no FP8 dot, their codes are held as bfloat16 (`quant.widen_codes`: the
 same numbers, converted once before the loop instead of at every step). On a GPU the prefill
 multiplies FP8 operands, and decode steps of fewer than `quant.FP8_GEMM_MIN_ROWS` rows the same
@@ -77,12 +85,15 @@ import numpy as np
 from flax import struct
 
 from ais_jax.model import (
+    GATE_UP_PROJ,
+    QKV_PROJ,
     KVCache,
     Params,
     check_prompt_group,
     final_hidden,
     forward,
     forward_cached,
+    fuse_projections,
     head_logits,
     init_cache,
     response_hidden,
@@ -92,6 +103,9 @@ from ais_jax.model import (
 from ais_jax.model_config import ModelConfig
 from ais_jax.quant import PROJECTIONS, Columns, QArray, step_operands, widen_codes
 from ais_jax.qwen35 import Qwen35Config
+
+# The matmul weights `decode_params` lays out: a layer's own and `fuse_projections`' fused ones.
+_MATMUL_WEIGHTS = (*PROJECTIONS, QKV_PROJ, GATE_UP_PROJ)
 
 
 @struct.dataclass
@@ -264,12 +278,14 @@ class DecodeLayout:
     ``columns``: unquantized matmul weights and the LM head as `quant.Columns` (the model's
     ``[out, in]`` arrays themselves, marked), whose float32 products over few rows run as
     ``(w @ x^T)^T``; otherwise plain ``[out, in]`` arrays. Quantized weights keep the ``[out,
-    in]`` layout of the FP8 GEMM under either. Hashable: `generate` compiles one program per
-    layout.
+    in]`` layout of the FP8 GEMM under either. ``fused``: each layer's q/k/v and gate/up
+    weights held as one each (`model.fuse_projections`). Hashable: `generate` compiles one
+    program per layout.
     """
 
     name: str
     columns: bool
+    fused: bool = False
 
 
 DECODE_LAYOUTS: dict[str, DecodeLayout] = {
@@ -277,6 +293,8 @@ DECODE_LAYOUTS: dict[str, DecodeLayout] = {
     for layout in (
         DecodeLayout("out_in_columns", columns=True),
         DecodeLayout("out_in", columns=False),
+        DecodeLayout("out_in_columns_fused", columns=True, fused=True),
+        DecodeLayout("out_in_fused", columns=False, fused=True),
     )
 }
 
@@ -331,21 +349,29 @@ def decode_params(
     (`model.unstack_layers`; a Qwen3.5 tree, stacked per layer kind, needs its ``config``) so
     no step slices the stacked arrays again, and with ``columns`` every unquantized matmul
     weight (and the LM head, the embedding table itself when tied) marked `quant.Columns`;
-    without it, `Columns` weights are plain arrays again. No plain weight is copied. Quantized
-    weights keep their ``[out, in]`` layout; on CPU their codes are held as bfloat16
-    (`quant.widen_codes`: the same numbers in a copy of 2 bytes per weight, made here once
-    rather than converted at every step).
+    without it, `Columns` weights are plain arrays again. Quantized weights keep their ``[out,
+    in]`` layout; on CPU their codes are held as bfloat16 (`quant.widen_codes`: the same
+    numbers in a copy of 2 bytes per weight, made here once rather than converted at every
+    step). A ``fused`` layout holds each Qwen3/Qwen2 layer's q/k/v and gate/up weights as one
+    (`model.fuse_projections`, a copy; it needs ``config``), and fused layers stay fused under
+    any layout (the model reads both forms). No other plain weight is copied.
 
     `generate` applies it to whatever it is given (inside its jit, before the loop); applied
     twice with one layout it changes nothing. Calling it yourself once per weight sync, as
     `quantize_fp8` is, saves unstacking the layers on every later `generate` call.
     """
-    columns = resolve_layout(layout, params["embed"].dtype).columns
+    layout = resolve_layout(layout, params["embed"].dtype)
+    columns = layout.columns
     params = unstack_layers(params, config)
     layers = [
-        {name: _relayout(w, columns) if name in PROJECTIONS else w for name, w in layer.items()}
+        {name: _relayout(w, columns) if name in _MATMUL_WEIGHTS else w for name, w in layer.items()}
         for layer in params["layers"]
     ]
+    apart = any("q_proj" in layer or "gate_proj" in layer for layer in layers)
+    if layout.fused and config is None and apart:
+        raise ValueError(f"decode layout {layout.name!r} fuses projections: pass the config.")
+    if layout.fused and isinstance(config, ModelConfig):  # Qwen3.5 keeps its projections apart
+        layers = [fuse_projections(layer, config) for layer in layers]
     params = {**params, "layers": layers}
     if columns or "lm_head" in params:
         params["lm_head"] = _relayout(params.get("lm_head", params["embed"]), columns)

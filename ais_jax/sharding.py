@@ -65,6 +65,9 @@ LOGICAL_AXES: dict[str, tuple[str, ...] | None] = {
     "gate_proj": ("layer", "mlp", "embed"),
     "up_proj": ("layer", "mlp", "embed"),
     "down_proj": ("layer", "embed", "mlp"),
+    # `model.fuse_projections`: rows in per-KV-head blocks, per-channel (gate, up) pairs
+    "qkv_proj": ("layer", "kv_heads", "embed"),
+    "gate_up_proj": ("layer", "mlp", "embed"),
     "q_bias": ("layer", "heads"),
     "k_bias": ("layer", "kv_heads"),
     "v_bias": ("layer", "kv_heads"),

@@ -513,11 +513,14 @@ def check_fp8(ctx):
 
 
 def check_fp8_generate(ctx):
-    """FP8 rollout on 8 devices samples the same tokens as on 1."""
+    """FP8 rollout on 8 devices samples the same tokens as on 1, also with the layers' q/k/v
+    and gate/up fused (decode layout ``out_in_fused``; the fused weights' rows split over
+    ``tensor`` by KV head and MLP channel)."""
     ref_q, q, m = ctx["fp8"]
-    ref, out = _generate_both(ref_q, q, m, FP8)
-    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
-    assert_trees_close(out.logp_plain, ref.logp_plain)
+    for rollout in (FP8, dataclasses.replace(FP8, decode_layout="out_in_fused")):
+        ref, out = _generate_both(ref_q, q, m, rollout)
+        np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+        assert_trees_close(out.logp_plain, ref.logp_plain)
 
 
 def check_checkpoint(ctx):

@@ -152,7 +152,10 @@ def test_yaml_top_level_not_a_mapping(tmp_path):
         ({"optim": {"schedule": "linear"}}, ["optim.schedule='linear'", "['constant', 'cosine']"]),
         (
             {"rollout": {"decode_layout": "fast"}},
-            ["rollout.decode_layout='fast'", "['auto', 'out_in_columns', 'out_in']"],
+            [
+                "rollout.decode_layout='fast'",
+                "['auto', 'out_in_columns', 'out_in', 'out_in_columns_fused'",
+            ],
         ),
     ],
 )

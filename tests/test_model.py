@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from training_run import MODEL
 
-from ais_jax import model
+from ais_jax import model, quant
 from ais_jax.model import forward, forward_cached, init_cache, param_shapes
 from ais_jax.model_config import PRESETS, ModelConfig
 
@@ -147,6 +147,56 @@ def test_kv_cache_decode_matches_full_forward(config):
     assert int(cache.index) == P + T
     np.testing.assert_array_equal(cache.next_pos, prompt_mask.sum(1) + new_mask.sum(1))
     assert compiles_by_step[1:] == [0] * (T - 1)  # decode steps after the first never recompile
+
+
+@CONFIGS
+@pytest.mark.parametrize("kind", ["float32", "fp8"])
+def test_fused_projections_are_the_same_layers(config, kind):
+    """`fuse_projections`: q/k/v and gate/up as one matmul each give the same logits (to
+    float32 summation order, `assert_close`) in the full forward (stacked layers) and in a
+    prefill and a decode step (per-layer), for Qwen3, Qwen2 (biases) and FP8 rollout params;
+    the fused rows are each KV head's query heads, its key and value, and each channel's gate
+    and up, in that order."""
+
+    params = random_params(config, seed=8)
+    if kind == "fp8":
+        params = quant.quantize_fp8(model.cast_params(params, jnp.bfloat16))
+    fused = {**params, "layers": model.fuse_projections(params["layers"], config)}
+    assert {"qkv_proj", "gate_up_proj"} <= set(fused["layers"])
+    assert not {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"} & set(fused["layers"])
+    assert model.fuse_projections(fused["layers"], config) == fused["layers"]  # idempotent
+    if kind == "float32":
+        L, K, R, E = (
+            config.num_layers,
+            config.num_kv_heads,
+            config.num_heads // config.num_kv_heads,
+            config.head_dim,
+        )
+        lp = params["layers"]
+        qkv = np.asarray(fused["layers"]["qkv_proj"]).reshape(L, K, R + 2, E, -1)
+        np.testing.assert_array_equal(
+            qkv[:, :, :R], np.asarray(lp["q_proj"]).reshape(L, K, R, E, -1)
+        )
+        np.testing.assert_array_equal(qkv[:, :, R], np.asarray(lp["k_proj"]).reshape(L, K, E, -1))
+        np.testing.assert_array_equal(
+            qkv[:, :, R + 1], np.asarray(lp["v_proj"]).reshape(L, K, E, -1)
+        )
+        gate_up = np.asarray(fused["layers"]["gate_up_proj"]).reshape(L, -1, 2, config.hidden_size)
+        np.testing.assert_array_equal(gate_up[:, :, 0], lp["gate_proj"])
+        np.testing.assert_array_equal(gate_up[:, :, 1], lp["up_proj"])
+    B, P = 3, 7
+    tokens, mask = left_padded(9, B, P, config.vocab_size)
+    assert_close(
+        _forward(fused, config, tokens, mask), _forward(params, config, tokens, mask), mask
+    )
+    step = jax.jit(forward_cached, static_argnums=1)
+    per_layer = [model.unstack_layers(p) for p in (params, fused)]
+    logits = []
+    for p in per_layer:  # a prefill, then one decode step
+        out, cache = step(p, config, tokens, init_cache(config, B, P + 1, p["embed"].dtype), mask)
+        logits.append((out, step(p, config, tokens[:, :1], cache)[0]))
+    assert_close(logits[1][0], logits[0][0], mask)
+    assert_close(logits[1][1], logits[0][1], np.ones((B, 1), bool))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])

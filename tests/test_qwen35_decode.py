@@ -83,7 +83,12 @@ def full_logits(params, config, prompt_BP, prompt_mask_BP, tokens_BT, mask_BT):
     return logits[:, P - 1 : P - 1 + tokens_BT.shape[1]]
 
 
-@pytest.mark.parametrize("layout", list(sampler.DECODE_LAYOUTS))
+# Qwen3.5 layers keep their projections apart under every layout (`sampler.decode_params`), so
+# the fused layouts are their unfused twins here: `test_fused_layouts_leave_qwen35_apart`.
+APART_LAYOUTS = [name for name, layout in sampler.DECODE_LAYOUTS.items() if not layout.fused]
+
+
+@pytest.mark.parametrize("layout", APART_LAYOUTS)
 def test_decoding_token_by_token_equals_the_full_forward(params, layout):
     """Float32, left-padded prompts (pads 0, 4, 7), rows finishing after 2 and 5 tokens: the
     decode's logits equal the full forward's at every live step; a finished row's states (the
@@ -114,9 +119,21 @@ def test_decoding_token_by_token_equals_the_full_forward(params, layout):
         assert not valid[last_live + 1 :, P + last_live + 1 :].any()
 
 
-@pytest.fixture(scope="module", params=list(sampler.DECODE_LAYOUTS))
+@pytest.fixture(scope="module", params=APART_LAYOUTS)
 def layout(request) -> str:
     return request.param
+
+
+def test_fused_layouts_leave_qwen35_apart(params):
+    """A fused decode layout prepares a Qwen3.5 tree as its unfused twin does: every layer
+    keeps its own projections (the same arrays)."""
+    for name, layout in sampler.DECODE_LAYOUTS.items():
+        if layout.fused:
+            twin = name.removesuffix("_fused")
+            fused, apart = (sampler.decode_params(params, n, CONFIG) for n in (name, twin))
+            assert jax.tree.structure(fused) == jax.tree.structure(apart)
+            for a, b in zip(jax.tree.leaves(fused), jax.tree.leaves(apart), strict=True):
+                np.testing.assert_array_equal(a, b)
 
 
 def test_bf16_rollout_logp_equals_token_logprobs(params, layout):

@@ -27,7 +27,7 @@ import scipy.stats
 from conftest import XLA_DEFAULTS, count_compiles
 from training_run import MODEL
 
-from ais_jax import quant, sampler
+from ais_jax import model, quant, sampler
 from ais_jax.model import (
     cast_params,
     final_hidden,
@@ -773,8 +773,8 @@ def test_params_prepared_once_give_the_same_rollout(params, layout, kind):
     dot in another order when the transposed weight is an input rather than made in the same
     program), and preparing prepared params is a no-op."""
     p = quantize_fp8(params) if kind == "fp8" else cast_params(params, jnp.dtype(kind))
-    prepared = jax.jit(functools.partial(sampler.decode_params, layout=layout))(p)
-    again = sampler.decode_params(prepared, layout)
+    prepared = jax.jit(functools.partial(sampler.decode_params, layout=layout, config=CONFIG))(p)
+    again = sampler.decode_params(prepared, layout, CONFIG)
     assert jax.tree_util.tree_structure(again) == jax.tree_util.tree_structure(prepared)
     for a, b in zip(*map(jax.tree_util.tree_leaves, (again, prepared)), strict=True):
         assert a is b
@@ -887,7 +887,7 @@ def test_sampling_options_do_not_recompile(params, rollout_f32, layout):
         (dict(prompts=[]), "empty"),
         (dict(prompts=np.zeros((2, 0), np.int32)), "empty"),
         (dict(layout="cpu"), "'cpu'"),
-        (dict(layout="gpu"), "['auto', 'out_in_columns', 'out_in']"),
+        (dict(layout="gpu"), f"{['auto', *sampler.DECODE_LAYOUTS]}"),
         (dict(layout=None), "None"),
         (dict(prompt_group=3), "prompt_group=3 must be a positive integer dividing the 4 rows"),
         (dict(prompt_group=0), "prompt_group=0"),
@@ -906,7 +906,12 @@ def test_bad_arguments_raise_naming_the_value(params, kwargs, named):
 
 
 def test_layouts_are_named_and_auto_is_the_backend_and_dtype_default():
-    assert set(sampler.DECODE_LAYOUTS) == {"out_in_columns", "out_in"}
+    assert set(sampler.DECODE_LAYOUTS) == {
+        "out_in_columns",
+        "out_in",
+        "out_in_columns_fused",
+        "out_in_fused",
+    }
     for name, layout in sampler.DECODE_LAYOUTS.items():
         assert layout.name == name and sampler.resolve_layout(name) is layout
         assert sampler.resolve_layout(layout) is layout
@@ -923,7 +928,18 @@ def test_layouts_are_named_and_auto_is_the_backend_and_dtype_default():
     for bad in ("cpu", "", "OUT_IN", None, 3, ("out_in",)):
         with pytest.raises(ValueError, match=re.escape(repr(bad))) as error:
             sampler.resolve_layout(bad)
-        assert "['auto', 'out_in_columns', 'out_in']" in str(error.value)
+        assert f"{['auto', *sampler.DECODE_LAYOUTS]}" in str(error.value)
+
+
+def test_fused_layouts_need_the_config(params):
+    """Fusing a layer's q/k/v needs its head counts: a fused layout without the config fails,
+    naming the layout; an already fused tree needs none (the same arrays again)."""
+    with pytest.raises(ValueError, match="'out_in_fused' fuses projections: pass the config"):
+        sampler.decode_params(params, "out_in_fused")
+    fused = sampler.decode_params(params, "out_in_fused", CONFIG)
+    again = sampler.decode_params(fused, "out_in_fused")
+    for a, b in zip(jax.tree.leaves(again), jax.tree.leaves(fused), strict=True):
+        assert a is b
 
 
 def test_compiler_options_turn_off_loop_hoisting_on_cpu_only():
@@ -986,36 +1002,44 @@ def test_each_layout_is_the_one_the_loop_runs(params, layout, kind):
     """`decode_params` gives `Columns` plain matmul weights and LM head (``columns``; the
     model's arrays themselves, the embedding table as the tied head) or plain ``[out, in]``
     arrays, turning another layout's prepared params into its own (same arrays), quantized
-    weights as they are. In the loop, the dots of a float32 model's decode steps under
-    ``columns`` are ``w @ x^T`` (result ``[out, rows]``): a decode step's 7 per layer and its
-    LM head's, the prefill's over its B x P rows (at most `quant.COLUMNS_MAX_ROWS` here) and its
-    LM head's over the B last positions. Other dtypes and layouts have no such dot."""
+    weights as they are; a ``fused`` layout each layer's q/k/v and gate/up as one weight each
+    (`model.fuse_projections`). In the loop, the dots of a float32 model's decode steps under
+    ``columns`` are ``w @ x^T`` (result ``[out, rows]``): a decode step's 7 per layer (4
+    fused) and its LM head's, the prefill's over its B x P rows (at most
+    `quant.COLUMNS_MAX_ROWS` here) and its LM head's over the B last positions. Other dtypes
+    and layouts have no such dot."""
     L = sampler.DECODE_LAYOUTS[layout]
     p = quantize_fp8(params) if kind == "fp8" else cast_params(params, jnp.dtype(kind))
-    other = next(n for n in sampler.DECODE_LAYOUTS if n != layout)
-    for source in (p, sampler.decode_params(p, other)):
-        d = sampler.decode_params(source, layout)
+    other = next(n for n, o in sampler.DECODE_LAYOUTS.items() if n != layout and o.fused == L.fused)
+    names = ("qkv_proj", "o_proj", "gate_up_proj") if L.fused else ("q_proj", "o_proj", "down_proj")
+    for source in (p, sampler.decode_params(p, other, CONFIG)):
+        d = sampler.decode_params(source, layout, CONFIG)
         assert len(d["layers"]) == CONFIG.num_layers
         for i, layer in enumerate(d["layers"]):
-            for name in ("q_proj", "o_proj", "down_proj"):
+            assert L.fused == ("q_proj" not in layer and "up_proj" not in layer), layer.keys()
+            own = sampler.decode_params(p, "out_in", CONFIG)["layers"][i]
+            want = model.fuse_projections(own, CONFIG) if L.fused else own
+            for name in names:
                 w = layer[name]
                 if kind == "fp8":
                     assert isinstance(w, QArray)
                     continue
                 assert isinstance(w, Columns) == L.columns, (layout, name, type(w))
-                np.testing.assert_array_equal(w.w_OI if L.columns else w, p["layers"][name][i])
+                np.testing.assert_array_equal(w.w_OI if L.columns else w, want[name])
         head = d.get("lm_head")
         assert isinstance(head, Columns) == L.columns
         if isinstance(head, Columns):
             assert head.w_OI is d["embed"]  # tied: the table itself, no copy
     prompts, prompt_mask = sampler.pad_prompts(PROMPTS)
-    args = (sampler.decode_params(p, L), CONFIG, jnp.asarray(prompts), jnp.asarray(prompt_mask))
+    prepared = sampler.decode_params(p, L, CONFIG)
+    args = (prepared, CONFIG, jnp.asarray(prompts), jnp.asarray(prompt_mask))
     args += (KEY, jnp.float32(1), jnp.int32(V), jnp.float32(1))
     static = dict(max_new_tokens=T, eos_ids=EOS_IDS, pad_id=0, prompt_group=1, layout=L)
     hlo = sampler._generate_jit().lower(*args, **static).compile().as_text()
     B, P = prompts.shape
     columns = L.columns and kind == "float32"
-    for rows, per_layer, heads in ((B, 7, 2), (B * P, 7, 0)):  # decode steps + heads; prefill
+    per_layer = 4 if L.fused else 7  # q/k/v and gate/up one matmul each when fused
+    for rows, heads in ((B, 2), (B * P, 0)):  # decode steps and heads; prefill
         found = re.findall(rf"= f32\[\d+,{rows}\]\S* dot\(", hlo)
         expected = CONFIG.num_layers * per_layer + heads if columns else 0
         assert len(found) == expected, (layout, kind, rows, found)
