@@ -14,7 +14,8 @@
    decode steps below `quant.FP8_GEMM_MIN_ROWS` rows multiply the codes as bfloat16,
    `quant.step_operands`), ``fp8-storage`` (FP8 GEMMs in the steps too), ``fp8-bf16ops`` and
    ``fp8-bf16ops-token`` (bfloat16 operands everywhere, per-tensor or per-token activation
-   scales).
+   scales), ``bf16-fused`` and ``fp8-fused`` (q/k/v and gate/up as one matmul each,
+   `model.fuse_projections`: the decode layout ``out_in_fused``).
 3. The HBM-bandwidth bound of a decode step: the bytes it must read (every weight the step
    multiplies by, embedding table excluded when the LM head is separate, plus the whole
    fixed-size KV cache, which attention reads at every step) over the measured copy bandwidth;
@@ -42,7 +43,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from ais_jax.model import forward_cached, init_cache, init_params
+from ais_jax.model import forward_cached, fuse_projections, init_cache, init_params
 from ais_jax.model_config import ModelConfig
 from ais_jax.quant import (
     get_format,
@@ -249,19 +250,28 @@ def bench(
 
 
 MODELS = {"qwen3-1.7b": ModelConfig.qwen3_1p7b, "qwen3-8b": ModelConfig.qwen3_8b}
-ARMS = {  # decode arm: its params from (the bf16 params, their FP8 copy)
-    "bf16": lambda bf16, fp8: bf16,
-    "fp8": lambda bf16, fp8: fp8,  # as `generate` runs it (`quant.step_operands`)
-    "fp8-storage": lambda bf16, fp8: set_operand_dtype(fp8, "storage"),  # FP8 GEMMs throughout
+ARMS = {  # decode arm: its params from (the bf16 params, their FP8 copy, the config)
+    "bf16": lambda bf16, fp8, c: bf16,
+    "fp8": lambda bf16, fp8, c: fp8,  # as `generate` runs it (`quant.step_operands`)
+    "fp8-storage": lambda bf16, fp8, c: set_operand_dtype(fp8, "storage"),  # FP8 GEMMs throughout
     # the same codes multiplied as bfloat16 (`QArray.operand_dtype`), 1-byte weights read
-    "fp8-bf16ops": lambda bf16, fp8: set_operand_dtype(fp8, "bfloat16"),
-    "fp8-bf16ops-token": lambda bf16, fp8: set_operand_dtype(_per_token(fp8), "bfloat16"),
+    "fp8-bf16ops": lambda bf16, fp8, c: set_operand_dtype(fp8, "bfloat16"),
+    "fp8-bf16ops-token": lambda bf16, fp8, c: set_operand_dtype(_per_token(fp8), "bfloat16"),
+    # q/k/v and gate/up as one matmul each (`model.fuse_projections`; fewer kernels per step)
+    "bf16-fused": lambda bf16, fp8, c: _fused(bf16, c),
+    "fp8-fused": lambda bf16, fp8, c: _fused(fp8, c),
 }
 
 
 def _per_token(params):
     """``params`` with every `QArray` scaling its activations per row (token)."""
     return map_qarrays(lambda w: w.replace(act_scaling="token"), params)
+
+
+def _fused(params, config):
+    """Decode params (layers unstacked) with every layer's projections fused, in one program."""
+    fuse = lambda p: {**p, "layers": [fuse_projections(lp, config) for lp in p["layers"]]}  # noqa: E731
+    return jax.jit(fuse)(params)
 
 
 def _linear_variants() -> dict:
@@ -421,7 +431,7 @@ def main(argv: list[str] | None = None) -> None:
             row: dict = {"model": name, "batch": batch, "prompt": args.prompt, "new": args.new}
             kv = kv_cache_bytes(config, batch, slots, jnp.bfloat16)
             step_bytes = {}
-            arms = {label: ARMS[label](bf16, fp8) for label in args.arms}
+            arms = {label: ARMS[label](bf16, fp8, config) for label in args.arms}
             for label, params in arms.items():
                 hlo = args.hlo_dir and args.hlo_dir / f"{name}_b{batch}_{label}.hlo.txt.gz"
                 r = bench(config, params, batch, args.prompt, args.new, args.repeats, hlo)

@@ -36,6 +36,11 @@
 # whether the decode step's per-kernel cost (~3.2 us a launch, benchmarks/README.md) shrinks
 # when XLA records the whole loop as one CUDA graph: the same call with XLA_FLAGS=
 # "--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,WHILE,CONDITIONAL" set.
+# Session 32 added the fused-projection arms (fewer launches: q/k/v and gate/up one matmul
+# each, `model.fuse_projections`, decode layout out_in_fused). The next lease's plan, two calls
+# of about 5 minutes each, then give the machine back:
+#   1. FP8_ARGS="--models qwen3-8b --arms bf16,fp8,bf16-fused,fp8-fused" PARTS=fp8 FP8_TIMEOUT=450
+#   2. the same with XLA_FLAGS="--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,WHILE,CONDITIONAL"
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/gpu_session}"

@@ -189,6 +189,29 @@ def test_fp8_codes_compares_stored_and_widened_codes(capsys):
         assert bool(layer_f8) == stored, stored
 
 
+def test_fused_projections_compares_each_dtype_apart_and_fused(capsys):
+    """benchmarks/fused_projections.py compiles each dtype's default decode layout and its
+    ``_fused`` twin, and reports seconds per call, the ratio and the outputs' match: the same
+    rows and first-step log-probs here (the same products); bad names fail naming them."""
+    fused = _module("fused_projections")
+    fused.main("--sizes tiny --batches 8 --new-tokens 3 --rounds 1".split())
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("CPU: ")
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in lines[-3:]]
+    assert [r[:4] for r in rows] == [
+        ["tiny", "8", "float32", "out_in_columns"],
+        ["tiny", "8", "bfloat16", "out_in"],
+        ["tiny", "8", "fp8", "out_in"],
+    ]
+    for cells in rows:
+        assert float(cells[4]) > 0 and float(cells[5]) > 0 and cells[6].endswith("x")
+        assert cells[7] == cells[8] == "8/8" and float(cells[9]) < 1e-5, cells
+    for argv, named in (("--sizes huge", "'huge'"), ("--dtypes fp4", "'fp4'")):
+        with pytest.raises(SystemExit):
+            fused.main(argv.split())
+        assert named in capsys.readouterr().err
+
+
 def test_dot_dtype_excess_precision_option_reaches_both_programs(capsys):
     """``--excess-precision off`` compiles the rollout and the re-score with XLA's
     ``xla_allow_excess_precision`` off: the header says so, the gaps stay near 0, and the
@@ -337,6 +360,9 @@ def test_gpu_fp8_smoke_runs_the_whole_script_on_cpu(capsys):
         assert row[label]["generate_s"] > 0 and row[label]["prefill_s"] > 0
         assert row[label]["loop_launches"]["total"] > 0
         assert row[label]["compile_s"]["generate"] > 0
+    for label in ("bf16", "fp8"):  # fused: 3 matmuls fewer per layer, prefill and decode step
+        fewer = row[label]["decode_gemms"]["dot"] - row[f"{label}-fused"]["decode_gemms"]["dot"]
+        assert fewer == 2 * 3 * gpu_fp8.ModelConfig.tiny().num_layers, (label, fewer)
     ratios = {k for k in row if k.endswith("_over_bf16_decode")}
     assert ratios == {f"{a.replace('-', '_')}_over_bf16_decode" for a in list(gpu_fp8.ARMS)[1:]}
     config = gpu_fp8.ModelConfig.tiny()

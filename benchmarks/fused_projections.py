@@ -1,0 +1,150 @@
+"""Rollouts with each layer's q/k/v and gate/up fused (two matmuls) or apart (five), side by side.
+
+`sampler.generate` under a decode layout and under its ``*_fused`` twin
+(`sampler.DECODE_LAYOUTS`, `model.fuse_projections`), for float32, bfloat16 and FP8 params
+(random weights of a benchmark shape, prompts of 32 tokens in groups of ``--group`` rows as
+GRPO samples them, ``--new-tokens`` new tokens at T = 1 over the whole vocabulary). Each arm's
+two programs are compiled in this one process and their calls alternate, ``--rounds`` times;
+the report gives the median seconds per call, the speed-up of fusing, how many rows the two
+rollouts drew alike (the fused products are the same numbers, but XLA may sum a dot in another
+order, and a flipped near-tie of the draw changes the row from there on), how many first tokens
+(drawn from the prefill's logits) and the largest difference of those tokens' log-probs.
+
+    python benchmarks/fused_projections.py                      # tiny and small, batch 128
+    python benchmarks/fused_projections.py --sizes tiny --batches 8,128 --rounds 9
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from ais_jax import quant, sampler  # noqa: E402
+from ais_jax.model import cast_params, init_params  # noqa: E402
+from ais_jax.model_config import ModelConfig  # noqa: E402
+from ais_jax.provenance import cpu_model  # noqa: E402
+
+CONFIGS = {
+    "tiny": ModelConfig.tiny,
+    "small": ModelConfig.small,
+    "qwen3-0.6b": ModelConfig.qwen3_0p6b,
+}
+DTYPES = ("float32", "bfloat16", "fp8")
+PROMPT_LEN = 32
+
+
+def compile_generate(params, config, prompts, layout: str, *, new_tokens: int, group: int):
+    """`generate`'s program for ``params`` under ``layout``, compiled, and its arguments."""
+    static = dict(max_new_tokens=new_tokens, eos_ids=(), pad_id=0, prompt_group=group)
+    fn = jax.jit(
+        lambda params, *args: sampler._generate(
+            params, config, *args, **static, layout=sampler.resolve_layout(layout)
+        ),
+        compiler_options=sampler.compiler_options() or None,
+    )
+    args = (params, prompts, jnp.ones(prompts.shape, bool), jax.random.key(1), jnp.float32(1.0))
+    args += (jnp.int32(config.vocab_size), jnp.float32(1.0))
+    return fn.lower(*args).compile(), args
+
+
+def run(size: str, batch: int, dtype: str, args) -> dict:
+    """Median seconds per call, apart and fused, alternating calls, and the outputs' match."""
+    config = CONFIGS[size]()
+    params = init_params(config, jax.random.key(0))
+    if dtype == "fp8":
+        params = quant.quantize_fp8(cast_params(params, jnp.bfloat16))
+    else:
+        params = cast_params(params, jnp.dtype(dtype))
+    apart = sampler.default_layout(dtype=params["embed"].dtype)
+    layouts = (apart, f"{apart}_fused")
+    group = min(args.group, batch)
+    if batch % group:
+        raise ValueError(f"--group {group} must divide the batch {batch}")
+    rng = np.random.default_rng(0)
+    prompts = rng.integers(1, config.vocab_size, (batch // group, PROMPT_LEN))
+    prompts = jnp.asarray(np.repeat(prompts, group, axis=0), jnp.int32)
+    programs, outputs = {}, {}
+    for layout in layouts:
+        programs[layout] = fn, call_args = compile_generate(
+            params, config, prompts, layout, new_tokens=args.new_tokens, group=group
+        )
+        outputs[layout] = jax.block_until_ready(fn(*call_args))  # warm-up call
+    times = {layout: [] for layout in layouts}
+    for r in range(args.rounds):
+        for layout in layouts if r % 2 == 0 else layouts[::-1]:
+            fn, call_args = programs[layout]
+            t = time.perf_counter()
+            jax.block_until_ready(fn(*call_args))
+            times[layout].append(time.perf_counter() - t)
+    a, f = (outputs[layout] for layout in layouts)
+    first_same = np.asarray(a.tokens[:, 0] == f.tokens[:, 0])
+    logp0_diff = np.abs(np.asarray(a.logp_plain[:, 0] - f.logp_plain[:, 0]))[first_same]
+    return {
+        "size": size,
+        "batch": batch,
+        "dtype": dtype,
+        "layout": apart,
+        "median_s": [statistics.median(times[layout]) for layout in layouts],
+        "equal_rows": int(np.all(np.asarray(a.tokens == f.tokens), axis=1).sum()),
+        "first_same": int(first_same.sum()),
+        "logp0_diff": float(logp0_diff.max(initial=0.0)),
+    }
+
+
+def report(rows: list[dict]) -> str:
+    head = ["size", "batch", "params", "layout", "apart s", "fused s", "apart / fused"]
+    head += ["rows the same", "first tokens the same", "their log-prob max diff"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        apart, fused = row["median_s"]
+        cells = [row["size"], str(row["batch"]), row["dtype"], row["layout"]]
+        cells += [f"{apart:.3f}", f"{fused:.3f}", f"{apart / fused:.2f}x"]
+        cells += [f"{row['equal_rows']}/{row['batch']}", f"{row['first_same']}/{row['batch']}"]
+        cells.append(f"{row['logp0_diff']:.2g}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--sizes", default="tiny,small", help=f"comma list of {list(CONFIGS)}")
+    p.add_argument("--batches", default="128", help="comma list of batch sizes (rows)")
+    p.add_argument("--dtypes", default=",".join(DTYPES), help=f"comma list of {list(DTYPES)}")
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--group", type=int, default=8, help="rows per prompt (GRPO's G)")
+    p.add_argument("--rounds", type=int, default=7)
+    args = p.parse_args(argv)
+    sizes, dtypes = args.sizes.split(","), args.dtypes.split(",")
+    if bad := [s for s in sizes if s not in CONFIGS]:
+        p.error(f"unknown --sizes {bad}; choose from {list(CONFIGS)}")
+    if bad := [d for d in dtypes if d not in DTYPES]:
+        p.error(f"unknown --dtypes {bad}; choose from {list(DTYPES)}")
+    if not all(b.isdigit() and int(b) > 0 for b in args.batches.split(",")):
+        p.error(f"--batches {args.batches!r}: positive integers separated by commas")
+    batches = [int(b) for b in args.batches.split(",")]
+    print(f"CPU: {cpu_model()}; jax {jax.__version__}; backend {jax.default_backend()}", flush=True)
+    rows = []
+    for size in sizes:
+        for batch in batches:
+            for dtype in dtypes:
+                rows.append(run(size, batch, dtype, args))
+                print(f"  [{size} b{batch} {dtype} done]", flush=True)
+    print(
+        f"\ngenerate, prompt {PROMPT_LEN}, {args.new_tokens} new tokens, groups of {args.group}, "
+        f"median of {args.rounds} alternating calls; {cpu_model()}"
+    )
+    print(report(rows))
+
+
+if __name__ == "__main__":
+    main()
