@@ -44,9 +44,9 @@ distribution: every layout holds the same numbers (a dot may sum them in another
 
 ``layout="auto"`` (the default) is resolved by `default_layout` from `jax.default_backend()`
 and the model's compute dtype in Python, before anything is traced; every layout runs in the
-CPU test suite. Under every layout, quantized weights keep the ``[out, in]`` layout of the FP8 GEMM,
-and on CPU, which has no FP8 dot, their codes are held as bfloat16 (`quant.widen_codes`: the
-same numbers, converted once before the loop instead of at every step). On a GPU the prefill
+CPU test suite. Under every layout, quantized weights keep the ``[out, in]`` layout of the FP8
+GEMM, and on CPU, which has no FP8 dot, their codes are held as bfloat16 (`quant.widen_codes`:
+the same numbers, converted once before the loop instead of at every step). On a GPU the prefill
 multiplies FP8 operands, and decode steps of fewer than `quant.FP8_GEMM_MIN_ROWS` rows the same
 codes as bfloat16 (`quant.step_operands`: cuBLASLt's FP8 GEMM was the slower at 64 rows).
 

@@ -270,7 +270,10 @@ def _per_token(params):
 
 def _fused(params, config):
     """Decode params (layers unstacked) with every layer's projections fused, in one program."""
-    fuse = lambda p: {**p, "layers": [fuse_projections(lp, config) for lp in p["layers"]]}  # noqa: E731
+
+    def fuse(p):
+        return {**p, "layers": [fuse_projections(lp, config) for lp in p["layers"]]}
+
     return jax.jit(fuse)(params)
 
 
