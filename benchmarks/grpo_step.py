@@ -54,6 +54,7 @@ drops out of its loss) and, like TRL, computes no rollout log-probs or AIS diagn
     python benchmarks/grpo_step.py --sizes tiny --rounds 3  # every engine 3 times: ratios per round
     python benchmarks/grpo_step.py --sizes tiny --ais-cpu-devices 1,2  # + ais_jax on 2 CPU devices
     python benchmarks/grpo_step.py --sizes small --engines ais_jax-bf16 --ais-remat  # + optim.remat
+    python benchmarks/grpo_step.py --sizes tiny --engines ais_jax-fp8 --ais-fused  # + fused q/k/v
 """
 
 from __future__ import annotations
@@ -538,6 +539,28 @@ def report(size: str, results: dict[str, dict]) -> None:
         )
 
 
+def ais_runs(engine: str, args, cpu_devices: list[int]) -> dict[str, dict]:
+    """The rows of one ais_jax engine: ``name -> its worker's extra arguments``."""
+    runs = {}
+    for i, n in enumerate(cpu_devices):
+        name = engine if n == 1 else f"{engine} {n} CPU devices"
+        cost = i == 0 and engine == "ais_jax-bf16"
+        runs[name] = dict(engine=engine, cost=cost, cpu_devices=n)
+    if args.ais_remat:
+        runs[f"{engine} remat"] = dict(engine=engine, cost=True, remat=True)
+    if args.ais_fused:
+        from ais_jax import sampler  # in the ais_jax interpreter: main runs there
+
+        layout = args.decode_layout
+        layout = sampler.default_layout() if layout == "auto" else layout.removesuffix("_fused")
+        runs[f"{engine} fused"] = dict(engine=engine, decode_layout=f"{layout}_fused")
+    if args.ais_variants and engine == "ais_jax-bf16":
+        runs[f"{engine} +score"] = dict(engine=engine, score=True)
+        runs[f"{engine} none"] = dict(engine=engine, correction="none")
+        runs[f"{engine} own prompts"] = dict(engine=engine, own_prompts=True)
+    return runs
+
+
 def run_engine(name: str, extra: dict, args, ckpt: str, peer_python: dict) -> dict:
     if name in PEERS:
         if not peer_python[name].exists():
@@ -549,9 +572,7 @@ def run_engine(name: str, extra: dict, args, ckpt: str, peer_python: dict) -> di
         "ais_jax",
         args,
         ckpt=ckpt,
-        chunk_logits=args.chunk_logits or None,
-        decode_layout=args.decode_layout,
-        **extra,
+        **{"chunk_logits": args.chunk_logits or None, "decode_layout": args.decode_layout, **extra},
     )
 
 
@@ -634,6 +655,12 @@ def main() -> None:
         action="store_true",
         help="ais_jax: add a row per engine with optim.remat (layers recomputed in the backward)",
     )
+    p.add_argument(
+        "--ais-fused",
+        action="store_true",
+        help="ais_jax: add a row per engine whose rollout runs each layer's q/k/v and gate/up "
+        "as one matmul each (the decode layout's _fused twin)",
+    )
     p.add_argument("--trl-python", default=str(PEER_ROOT / "trl-venv/bin/python"))
     p.add_argument("--tunix-python", default=str(PEER_ROOT / "tunix-venv/bin/python"))
     p.add_argument("--verbose", action="store_true")
@@ -668,16 +695,7 @@ def main() -> None:
             runs = {}
             for engine in engines:
                 if engine.startswith("ais_jax"):
-                    for i, n in enumerate(cpu_devices):
-                        name = engine if n == 1 else f"{engine} {n} CPU devices"
-                        cost = i == 0 and engine == "ais_jax-bf16"
-                        runs[name] = dict(engine=engine, cost=cost, cpu_devices=n)
-                    if args.ais_remat:
-                        runs[f"{engine} remat"] = dict(engine=engine, cost=True, remat=True)
-                    if args.ais_variants and engine == "ais_jax-bf16":
-                        runs[f"{engine} +score"] = dict(engine=engine, score=True)
-                        runs[f"{engine} none"] = dict(engine=engine, correction="none")
-                        runs[f"{engine} own prompts"] = dict(engine=engine, own_prompts=True)
+                    runs.update(ais_runs(engine, args, cpu_devices))
                 elif engine in PEERS:
                     runs[engine] = {}
                 else:

@@ -46,6 +46,26 @@ def test_grpo_step_writes_the_checkpoint_it_times(tmp_path):
     assert {k: getattr(config, k) for k in shape} == shape
 
 
+def test_grpo_step_fused_row_runs_the_fused_twin_of_the_decode_layout():
+    """``--ais-fused`` adds a row per ais_jax engine whose worker gets the `_fused` twin of the
+    decode layout in use (auto: `sampler.default_layout`), beside the engine's own row."""
+    grpo_step = _module("grpo_step")
+    for layout, fused in (
+        ("auto", f"{sampler.default_layout()}_fused"),
+        ("out_in_columns", "out_in_columns_fused"),
+        ("out_in_fused", "out_in_fused"),
+    ):
+        args = argparse.Namespace(
+            ais_remat=False, ais_fused=True, ais_variants=False, decode_layout=layout
+        )
+        runs = grpo_step.ais_runs("ais_jax-fp8", args, [1])
+        assert runs == {
+            "ais_jax-fp8": dict(engine="ais_jax-fp8", cost=False, cpu_devices=1),
+            "ais_jax-fp8 fused": dict(engine="ais_jax-fp8", decode_layout=fused),
+        }
+        assert fused in sampler.DECODE_LAYOUTS
+
+
 def test_grpo_step_ais_jax_rows_on_two_cpu_devices(tmp_path):
     """``--ais-cpu-devices 1,2`` adds a row whose worker splits the host CPU into two JAX devices
     before its backend starts, and `make_phases`' default mesh then shards the batch over both:
