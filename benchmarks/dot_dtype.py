@@ -33,17 +33,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+sys.path[:0] = [str(HERE), str(HERE.parent)]  # alternating.py beside this file; ais_jax
+
+from alternating import alternate, grouped_prompts  # noqa: E402
 
 from ais_jax import quant, sampler  # noqa: E402
 from ais_jax.model import init_params  # noqa: E402
@@ -122,28 +121,15 @@ def run(size: str, batch: int, args) -> dict:
     params = jax.tree.map(
         lambda x: x.astype(jnp.bfloat16), init_params(config, jax.random.key(0), jnp.float32)
     )
-    group = min(args.group, batch)
-    if batch % group:
-        raise ValueError(f"--group {group} must divide the batch {batch}")
-    rng = np.random.default_rng(0)
-    prompts_NP = rng.integers(0, config.vocab_size, (batch // group, PROMPT_LEN))
-    prompts = jnp.asarray(np.repeat(prompts_NP, group, axis=0), jnp.int32)
-    programs, outputs = {}, {}
+    group, prompts_NP, prompts = grouped_prompts(config.vocab_size, batch, args.group, PROMPT_LEN)
+    programs = {}
     extra = xla_options(args.excess_precision)
     for min_rows in args.min_rows:
         lowered, call_args = lower_generate(
             params, config, prompts, min_rows, new_tokens=args.new_tokens, group=group, extra=extra
         )
-        programs[min_rows] = fn, call_args = lowered.compile(), call_args
-        outputs[min_rows] = jax.block_until_ready(fn(*call_args))  # warm-up call
-    times = {m: [] for m in programs}
-    for r in range(args.rounds):
-        order = list(programs) if r % 2 == 0 else list(programs)[::-1]
-        for m in order:
-            fn, call_args = programs[m]
-            t = time.perf_counter()
-            jax.block_until_ready(fn(*call_args))
-            times[m].append(time.perf_counter() - t)
+        programs[min_rows] = lowered.compile(), call_args
+    outputs, median_s = alternate(programs, args.rounds)
     first = args.min_rows[0]
     base = outputs[first]
     row = {"size": size, "batch": batch, "median_s": {}, "equal_tokens": {}, "logp0_diff": {}}
@@ -152,7 +138,7 @@ def run(size: str, batch: int, args) -> dict:
         for m in programs
     }
     for m in programs:
-        row["median_s"][m] = statistics.median(times[m])
+        row["median_s"][m] = median_s[m]
         row["equal_tokens"][m] = bool(jnp.all(outputs[m].tokens == base.tokens))
         diff = jnp.abs(outputs[m].logp_plain[:, 0] - base.logp_plain[:, 0])
         row["logp0_diff"][m] = float(jnp.max(diff))

@@ -25,17 +25,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+sys.path[:0] = [str(HERE), str(HERE.parent)]  # alternating.py beside this file; ais_jax
+
+from alternating import alternate, grouped_prompts  # noqa: E402
 
 from ais_jax import diffusion_sampler, llada, quant, sampler  # noqa: E402
 from ais_jax.model import cast_params, init_params  # noqa: E402
@@ -101,39 +100,23 @@ def run(size: str, batch: int, args) -> dict:
     is_llada = isinstance(config, llada.LLaDAConfig)
     params = (llada.init_params if is_llada else init_params)(config, jax.random.key(0))
     fp8 = quant.quantize_fp8(params)
-    group = min(args.group, batch)
-    if batch % group:
-        raise ValueError(f"--group {group} must divide the batch {batch}")
-    prompts_NP = np.random.default_rng(0).integers(
-        0, config.vocab_size, (batch // group, PROMPT_LEN)
+    avoid = config.mask_token_id if is_llada else None  # no [MASK] in a prompt
+    group, _, prompts = grouped_prompts(
+        config.vocab_size, batch, args.group, PROMPT_LEN, avoid=avoid
     )
-    if is_llada:  # no [MASK] in a prompt
-        prompts_NP = np.where(prompts_NP == config.mask_token_id, 0, prompts_NP)
-    prompts = jnp.asarray(np.repeat(prompts_NP, group, axis=0), jnp.int32)
     trees = dict(zip(ARMS, (fp8, fp8, cast_params(params, jnp.bfloat16)), strict=True))
-    programs, outputs = {}, {}
-    for arm, tree in trees.items():
-        programs[arm] = fn, call_args = compile_generate(
-            tree,
-            config,
-            prompts,
-            stored=arm == ARMS[0],
-            new_tokens=args.new_tokens,
-            group=group,
+    programs = {
+        arm: compile_generate(
+            tree, config, prompts, stored=arm == ARMS[0], new_tokens=args.new_tokens, group=group
         )
-        outputs[arm] = jax.block_until_ready(fn(*call_args))  # warm-up call
-    times = {arm: [] for arm in programs}
-    for r in range(args.rounds):
-        for arm in list(programs) if r % 2 == 0 else list(programs)[::-1]:
-            fn, call_args = programs[arm]
-            t = time.perf_counter()
-            jax.block_until_ready(fn(*call_args))
-            times[arm].append(time.perf_counter() - t)
+        for arm, tree in trees.items()
+    }
+    outputs, median_s = alternate(programs, args.rounds)
     stored, widened = outputs[ARMS[0]], outputs[ARMS[1]]
     return {
         "size": size,
         "batch": batch,
-        "median_s": {arm: statistics.median(t) for arm, t in times.items()},
+        "median_s": median_s,
         "equal_tokens": bool(jnp.all(stored.tokens == widened.tokens)),
         "logp0_diff": float(jnp.max(jnp.abs(stored.logp_plain[:, 0] - widened.logp_plain[:, 0]))),
     }

@@ -17,9 +17,7 @@ order, and a flipped near-tie of the draw changes the row from there on), how ma
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -27,7 +25,9 @@ import jax.numpy as jnp
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+sys.path[:0] = [str(HERE), str(HERE.parent)]  # alternating.py beside this file; ais_jax
+
+from alternating import alternate, grouped_prompts  # noqa: E402
 
 from ais_jax import quant, sampler  # noqa: E402
 from ais_jax.model import cast_params, init_params  # noqa: E402
@@ -62,25 +62,14 @@ def run(size: str, batch: int, dtype: str, args) -> dict:
         params = cast_params(params, jnp.dtype(dtype))
     apart = sampler.default_layout(dtype=params["embed"].dtype)
     layouts = (apart, f"{apart}_fused")
-    group = min(args.group, batch)
-    if batch % group:
-        raise ValueError(f"--group {group} must divide the batch {batch}")
-    rng = np.random.default_rng(0)
-    prompts = rng.integers(1, config.vocab_size, (batch // group, PROMPT_LEN))
-    prompts = jnp.asarray(np.repeat(prompts, group, axis=0), jnp.int32)
-    programs, outputs = {}, {}
-    for layout in layouts:
-        programs[layout] = fn, call_args = compile_generate(
+    group, _, prompts = grouped_prompts(config.vocab_size, batch, args.group, PROMPT_LEN, low=1)
+    programs = {
+        layout: compile_generate(
             params, config, prompts, layout, new_tokens=args.new_tokens, group=group
         )
-        outputs[layout] = jax.block_until_ready(fn(*call_args))  # warm-up call
-    times = {layout: [] for layout in layouts}
-    for r in range(args.rounds):
-        for layout in layouts if r % 2 == 0 else layouts[::-1]:
-            fn, call_args = programs[layout]
-            t = time.perf_counter()
-            jax.block_until_ready(fn(*call_args))
-            times[layout].append(time.perf_counter() - t)
+        for layout in layouts
+    }
+    outputs, median_s = alternate(programs, args.rounds)
     a, f = (outputs[layout] for layout in layouts)
     first_same = np.asarray(a.tokens[:, 0] == f.tokens[:, 0])
     logp0_diff = np.abs(np.asarray(a.logp_plain[:, 0] - f.logp_plain[:, 0]))[first_same]
@@ -89,7 +78,7 @@ def run(size: str, batch: int, dtype: str, args) -> dict:
         "batch": batch,
         "dtype": dtype,
         "layout": apart,
-        "median_s": [statistics.median(times[layout]) for layout in layouts],
+        "median_s": [median_s[layout] for layout in layouts],
         "equal_rows": int(np.all(np.asarray(a.tokens == f.tokens), axis=1).sum()),
         "first_same": int(first_same.sum()),
         "logp0_diff": float(logp0_diff.max(initial=0.0)),

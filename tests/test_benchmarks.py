@@ -20,6 +20,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from ais_jax import quant, sampler
@@ -207,6 +208,28 @@ def test_fp8_codes_compares_stored_and_widened_codes(capsys):
         # one layer's FP8 weight, as the stored arm's steps widen it
         layer_f8 = re.findall(rf"f8e4m3fn\[{F},{D}\]", compiled.as_text())
         assert bool(layer_f8) == stored, stored
+
+
+def test_alternating_prompts_come_in_groups_and_calls_alternate():
+    """benchmarks/alternating.py: each prompt repeated over its group's rows (group capped at
+    the batch, an avoided id replaced by 0, a group not dividing the batch named); programs
+    warmed up once, then called ``rounds`` times each, every other round in reverse order."""
+    alternating = _module("alternating")
+    group, prompts_NP, prompts = alternating.grouped_prompts(7, 8, 4, 5, low=1)
+    assert group == 4 and prompts_NP.shape == (2, 5) and prompts.shape == (8, 5)
+    np.testing.assert_array_equal(prompts, np.repeat(prompts_NP, 4, axis=0))
+    assert prompts_NP.min() >= 1 and prompts_NP.max() <= 6 and len(np.unique(prompts_NP)) > 1
+    only_ones = alternating.grouped_prompts(2, 8, 4, 5, low=1)[1]
+    assert (only_ones == 1).all()
+    assert (alternating.grouped_prompts(2, 8, 4, 5, low=1, avoid=1)[1] == 0).all()
+    assert alternating.grouped_prompts(7, 2, 8, 5)[0] == 2
+    with pytest.raises(ValueError, match="--group 3 must divide the batch 8"):
+        alternating.grouped_prompts(7, 8, 3, 5)
+    calls = []
+    programs = {name: (lambda name=name: calls.append(name) or name, ()) for name in "ab"}
+    outputs, median_s = alternating.alternate(programs, rounds=3)
+    assert outputs == {"a": "a", "b": "b"} and set(median_s) == {"a", "b"}
+    assert calls == ["a", "b", "a", "b", "b", "a", "a", "b"]
 
 
 def test_fused_projections_compares_each_dtype_apart_and_fused(capsys):
