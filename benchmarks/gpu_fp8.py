@@ -43,7 +43,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from ais_jax.model import forward_cached, fuse_projections, init_cache, init_params
+from ais_jax.model import forward_cached, init_cache, init_params
 from ais_jax.model_config import ModelConfig
 from ais_jax.quant import (
     get_format,
@@ -269,12 +269,9 @@ def _per_token(params):
 
 
 def _fused(params, config):
-    """Decode params (layers unstacked) with every layer's projections fused, in one program."""
-
-    def fuse(p):
-        return {**p, "layers": [fuse_projections(lp, config) for lp in p["layers"]]}
-
-    return jax.jit(fuse)(params)
+    """``params`` prepared for the fused decode layout (`model.fuse_projections`), in one
+    program."""
+    return jax.jit(decode_params, static_argnums=(1, 2))(params, "out_in_fused", config)
 
 
 def _linear_variants() -> dict:
