@@ -1,6 +1,7 @@
 """What the side-by-side `generate` benchmarks share (`fp8_codes.py`, `dot_dtype.py`,
-`fused_projections.py`): prompts drawn in GRPO groups, and compiled programs timed by
-alternating their calls, so that a shared machine's drift hits every arm alike."""
+`fused_projections.py`, `decode_layouts.py`): prompts drawn in GRPO groups, and compiled
+programs timed by alternating their calls, so that a shared machine's drift hits every arm
+alike."""
 
 from __future__ import annotations
 

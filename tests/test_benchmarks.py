@@ -465,3 +465,24 @@ def test_gpu_session_script_parses_and_names_existing_scripts():
     called = set(re.findall(r"benchmarks/(\w+\.py)", script.read_text()))
     assert called == {"gpu_fp8.py", "grpo_step.py"}
     assert all((BENCHMARKS / name).exists() for name in called)
+
+
+def test_decode_layouts_times_every_layout_against_the_default(capsys):
+    """benchmarks/decode_layouts.py compiles one program per decode layout and reports each
+    one's seconds per call with the default's time over it (1.00x in the default's own
+    column); bad names fail naming them."""
+    layouts = _module("decode_layouts")
+    layouts.main("--sizes tiny --batches 8 --new-tokens 3 --rounds 1".split())
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("CPU: ")
+    head = [c.strip() for c in lines[-3].split("|")[1:-1]]
+    assert head[4:] == [f"{name} s" for name in sampler.DECODE_LAYOUTS]
+    cells = [c.strip() for c in lines[-1].split("|")[1:-1]]
+    assert cells[:4] == ["tiny", "8", "float32", "out_in_columns"]
+    times = dict(zip(head[4:], cells[4:], strict=True))
+    assert times["out_in_columns s"].endswith("(1.00x)")
+    assert all(float(t.split()[0]) > 0 and t.endswith("x)") for t in times.values()), times
+    for argv, named in (("--layouts in_out", "'in_out'"), ("--dtypes fp4", "'fp4'")):
+        with pytest.raises(SystemExit):
+            layouts.main(argv.split())
+        assert named in capsys.readouterr().err
