@@ -18,27 +18,27 @@ import sys
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]  # alternating.py beside this file; ais_jax
 
 from alternating import alternate, grouped_prompts  # noqa: E402
-from fused_projections import CONFIGS, DTYPES, PROMPT_LEN, compile_generate  # noqa: E402
+from fused_projections import (  # noqa: E402
+    CONFIGS,
+    DTYPES,
+    PROMPT_LEN,
+    compile_generate,
+    random_params,
+)
 
-from ais_jax import quant, sampler  # noqa: E402
-from ais_jax.model import cast_params, init_params  # noqa: E402
+from ais_jax import sampler  # noqa: E402
 from ais_jax.provenance import cpu_model  # noqa: E402
 
 
 def run(size: str, batch: int, dtype: str, layouts: list[str], args) -> dict:
     """Each layout's median seconds per call, alternating calls, and the default layout."""
     config = CONFIGS[size]()
-    params = init_params(config, jax.random.key(0))
-    if dtype == "fp8":
-        params = quant.quantize_fp8(cast_params(params, jnp.bfloat16))
-    else:
-        params = cast_params(params, jnp.dtype(dtype))
+    params = random_params(config, dtype)
     group, _, prompts = grouped_prompts(config.vocab_size, batch, args.group, PROMPT_LEN, low=1)
     programs = {
         layout: compile_generate(

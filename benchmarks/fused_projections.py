@@ -52,14 +52,18 @@ def compile_generate(params, config, prompts, layout: str, *, new_tokens: int, g
     return lowered.compile(), (args[0], *args[2:])  # the config is static: not an argument
 
 
+def random_params(config: ModelConfig, dtype: str):
+    """Random weights of ``config`` in ``dtype`` (one of `DTYPES`; FP8: from bfloat16)."""
+    params = init_params(config, jax.random.key(0))
+    if dtype == "fp8":
+        return quant.quantize_fp8(cast_params(params, jnp.bfloat16))
+    return cast_params(params, jnp.dtype(dtype))
+
+
 def run(size: str, batch: int, dtype: str, args) -> dict:
     """Median seconds per call, apart and fused, alternating calls, and the outputs' match."""
     config = CONFIGS[size]()
-    params = init_params(config, jax.random.key(0))
-    if dtype == "fp8":
-        params = quant.quantize_fp8(cast_params(params, jnp.bfloat16))
-    else:
-        params = cast_params(params, jnp.dtype(dtype))
+    params = random_params(config, dtype)
     apart = sampler.default_layout(dtype=params["embed"].dtype)
     layouts = (apart, f"{apart}_fused")
     group, _, prompts = grouped_prompts(config.vocab_size, batch, args.group, PROMPT_LEN, low=1)
