@@ -5,9 +5,10 @@ alike."""
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -45,3 +46,18 @@ def alternate(
             jax.block_until_ready(fn(*args))
             times[name].append(time.perf_counter() - t)
     return outputs, {name: statistics.median(t) for name, t in times.items()}
+
+
+def names(parser: argparse.ArgumentParser, option: str, text: str, allowed: Sequence[str]):
+    """The comma-separated names of ``option``; the parser exits naming any not in ``allowed``."""
+    chosen = text.split(",")
+    if bad := [name for name in chosen if name not in allowed]:
+        parser.error(f"unknown {option} {bad}; choose from {list(allowed)}")
+    return chosen
+
+
+def batch_sizes(parser: argparse.ArgumentParser, text: str) -> list[int]:
+    """``--batches``: comma-separated positive integers, or the parser exits naming the text."""
+    if not all(b.isdigit() and int(b) > 0 for b in text.split(",")):
+        parser.error(f"--batches {text!r}: positive integers separated by commas")
+    return [int(b) for b in text.split(",")]

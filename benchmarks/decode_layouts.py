@@ -22,7 +22,7 @@ import jax
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]  # alternating.py beside this file; ais_jax
 
-from alternating import alternate, grouped_prompts  # noqa: E402
+from alternating import alternate, batch_sizes, grouped_prompts, names  # noqa: E402
 from fused_projections import (  # noqa: E402
     CONFIGS,
     DTYPES,
@@ -74,21 +74,10 @@ def main(argv=None) -> None:
     p.add_argument("--group", type=int, default=1, help="rows per prompt (GRPO's G)")
     p.add_argument("--rounds", type=int, default=7)
     args = p.parse_args(argv)
-    sizes, dtypes, layouts = (
-        args.sizes.split(","),
-        args.dtypes.split(","),
-        args.layouts.split(","),
-    )
-    for option, names, allowed in (
-        ("--sizes", sizes, list(CONFIGS)),
-        ("--dtypes", dtypes, list(DTYPES)),
-        ("--layouts", layouts, list(sampler.DECODE_LAYOUTS)),
-    ):
-        if bad := [name for name in names if name not in allowed]:
-            p.error(f"unknown {option} {bad}; choose from {allowed}")
-    if not all(b.isdigit() and int(b) > 0 for b in args.batches.split(",")):
-        p.error(f"--batches {args.batches!r}: positive integers separated by commas")
-    batches = [int(b) for b in args.batches.split(",")]
+    sizes = names(p, "--sizes", args.sizes, list(CONFIGS))
+    dtypes = names(p, "--dtypes", args.dtypes, DTYPES)
+    layouts = names(p, "--layouts", args.layouts, list(sampler.DECODE_LAYOUTS))
+    batches = batch_sizes(p, args.batches)
     print(f"CPU: {cpu_model()}; jax {jax.__version__}; backend {jax.default_backend()}", flush=True)
     rows = []
     for size in sizes:

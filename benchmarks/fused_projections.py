@@ -27,7 +27,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]  # alternating.py beside this file; ais_jax
 
-from alternating import alternate, grouped_prompts  # noqa: E402
+from alternating import alternate, batch_sizes, grouped_prompts, names  # noqa: E402
 
 from ais_jax import quant, sampler  # noqa: E402
 from ais_jax.model import cast_params, init_params  # noqa: E402
@@ -112,14 +112,9 @@ def main(argv=None) -> None:
     p.add_argument("--group", type=int, default=8, help="rows per prompt (GRPO's G)")
     p.add_argument("--rounds", type=int, default=7)
     args = p.parse_args(argv)
-    sizes, dtypes = args.sizes.split(","), args.dtypes.split(",")
-    if bad := [s for s in sizes if s not in CONFIGS]:
-        p.error(f"unknown --sizes {bad}; choose from {list(CONFIGS)}")
-    if bad := [d for d in dtypes if d not in DTYPES]:
-        p.error(f"unknown --dtypes {bad}; choose from {list(DTYPES)}")
-    if not all(b.isdigit() and int(b) > 0 for b in args.batches.split(",")):
-        p.error(f"--batches {args.batches!r}: positive integers separated by commas")
-    batches = [int(b) for b in args.batches.split(",")]
+    sizes = names(p, "--sizes", args.sizes, list(CONFIGS))
+    dtypes = names(p, "--dtypes", args.dtypes, DTYPES)
+    batches = batch_sizes(p, args.batches)
     print(f"CPU: {cpu_model()}; jax {jax.__version__}; backend {jax.default_backend()}", flush=True)
     rows = []
     for size in sizes:
