@@ -7,6 +7,7 @@
     ais-jax compare   [--config F] [--seeds 5] [--arms bf16,fp8,fp4,fp4+tis,fp4+ais,fp4+mis]
                       [--vary-sft | --start RUN_DIR[@STEP]] [--set k=v ...] [--out DIR]
     ais-jax plan      --model qwen3-8b [--mesh data=1,fsdp=8,tensor=1] ...
+    ais-jax --help | --version
 
 `train` with no arguments runs the embedded default (configs/quickstart.yaml, shipped in the
 package): a tiny Qwen3-style model, SFT warm start, then GRPO with FP8 rollouts and AIS on
@@ -325,8 +326,14 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="ais-jax", description=__doc__.split("\n\n")[0])
-    sub = p.add_subparsers(dest="command", parser_class=_Parser)
+    p = _Parser(
+        prog="ais-jax",
+        description=__doc__.split("\n\n")[0],
+        # one line per command in `ais-jax --help` (the width of `-V, --version` sets the column)
+        formatter_class=lambda prog: argparse.HelpFormatter(prog, max_help_position=20, width=100),
+    )
+    p.add_argument("-V", "--version", action="version", version=version_line())
+    sub = p.add_subparsers(dest="command", parser_class=_Parser, metavar="COMMAND")
 
     def with_config(sp):
         sp.add_argument("--config", help="YAML config (default: the embedded quickstart)")
@@ -356,11 +363,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser(
         "eval",
-        help="pass@1, mean@k, maj@k and pass@k of a run's latest checkpoint, with 95% intervals",
+        help="pass@1, mean@k, maj@k, pass@k of a run's latest checkpoint, 95%% intervals",
         description="Evaluate a run's latest checkpoint (its BF16 policy) on its held-out set "
         "or a JSONL test set (--data, gsm8k/math runs): pass@1 (greedy), mean@k (mean accuracy "
         "of k samples per prompt), maj@k (majority vote over the k final answers; ties go to "
-        "the answer sampled first) and pass@k, each with a 95%% interval over prompts (Wilson "
+        "the answer sampled first) and pass@k, each with a 95% interval over prompts (Wilson "
         "score for pass@1, maj@k and pass@k; Student t for mean@k). Prints JSON; writes one "
         "row per example (prompt, greedy response, samples, extracted answers, correct flags) "
         "to --out.",
@@ -410,8 +417,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser(
         "compare",
-        help="rollout formats x corrections x RL seeds from one start: paired statistics, "
-        "results.json, results.md and plots",
+        help="arms (format x correction) x RL seeds from one start: paired statistics, plots",
         description="Train every arm for --seeds RL seeds (config seed, seed+1, ...), all from "
         "one start (one SFT warm start, shared by every arm and seed), evaluate on one held-out "
         "set, and write results.json, results.md (mean and 95% t-interval per arm, paired "
@@ -489,6 +495,22 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C outside a run's graceful stop (loading, eval, sample)
         print(f"ais-jax {args.command}: interrupted (SIGINT).", file=sys.stderr)
         return 130
+
+
+def version_line() -> str:
+    """``ais-jax 0.1.0 (jax 0.10.2, jaxlib 0.10.2)``, read from the installed distributions
+    (nothing imported)."""
+    from importlib import metadata
+
+    def installed(name: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    from ais_jax import __version__
+
+    return f"ais-jax {__version__} (jax {installed('jax')}, jaxlib {installed('jaxlib')})"
 
 
 def _one_line(message: str) -> str:

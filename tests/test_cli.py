@@ -375,3 +375,53 @@ def test_plot_smoothing_is_a_trailing_mean():
     expected = [np.mean(values[max(0, i - 2) : i + 1]) for i in range(len(values))]
     np.testing.assert_allclose(trailing_mean(values, 3), expected)
     assert trailing_mean(values, 1) == values
+
+
+def _parsers(parser, path=()):
+    """``(argv prefix, parser)`` for the top-level parser and every subcommand, read from the
+    parser itself so a new subcommand is covered without editing this test."""
+    import argparse
+
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _parsers(sub, (*path, name))
+
+
+def test_help_of_every_command_renders(capsys):
+    from ais_jax.cli import build_parser
+
+    found = list(_parsers(build_parser()))
+    assert {p[0] for p, _ in found if p} >= {"train", "eval", "sample", "compare", "plan"}
+    for path, _ in found:
+        for flag in ("--help", "-h"):
+            assert main([*path, flag]) == 0, (path, flag)
+            out, err = capsys.readouterr()
+            assert out.startswith(f"usage: ais-jax {' '.join(path)}".rstrip()), (path, out[:80])
+            assert err == "" and "%%" not in out, (path, err, out)
+
+
+def test_top_level_help_lists_one_line_per_command(capsys):
+    from ais_jax.cli import build_parser
+
+    commands = [p[0] for p, _ in _parsers(build_parser()) if len(p) == 1]
+    assert main(["--help"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    for name in commands:
+        (line,) = [ln for ln in lines if ln.split()[:1] == [name]]
+        assert len(line.split()) > 2, line  # the help text on the command's own line
+
+
+def test_version_names_the_package_and_jax(capsys):
+    from importlib import metadata
+
+    from ais_jax import __version__
+
+    for flag in ("--version", "-V"):
+        assert main([flag]) == 0
+        out = capsys.readouterr().out.strip()
+        assert out == (
+            f"ais-jax {__version__} (jax {metadata.version('jax')}, "
+            f"jaxlib {metadata.version('jaxlib')})"
+        )
