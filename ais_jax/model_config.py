@@ -1,9 +1,10 @@
-"""The Qwen3 / Qwen2 architecture as one frozen dataclass, with presets for the real sizes.
+"""The Qwen3 / Qwen2 / Llama decoder as one frozen dataclass, with presets for the real sizes.
 
-`ModelConfig` carries exactly the fields Hugging Face's `Qwen3Config` / `Qwen2Config` need to
-describe the decoder: the two families differ only by `qk_norm` (Qwen3: RMSNorm on each query and
-key head before RoPE) and `attention_bias` (Qwen2: biases on the q/k/v projections). `head_dim` is
-decoupled from `hidden_size // num_heads`, as in Qwen3.
+`ModelConfig` carries exactly the fields Hugging Face's `Qwen3Config` / `Qwen2Config` /
+`LlamaConfig` need to describe the decoder: the three differ only by `qk_norm` (Qwen3: RMSNorm on
+each query and key head before RoPE) and `attention_bias` (Qwen2: biases on the q/k/v
+projections); Llama has neither. `head_dim` is decoupled from `hidden_size // num_heads`, as in
+Qwen3.
 
 Presets are constructors: `ModelConfig.qwen3_8b()`, `ModelConfig.tiny()`. Real sizes are checked
 against the published `config.json` files of the Qwen3 release.
@@ -16,7 +17,8 @@ from typing import Any
 
 from ais_jax import checks
 
-ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen2ForCausalLM")
+ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM")
+_MODEL_TYPES = {"qwen3": ARCHITECTURES[0], "qwen2": ARCHITECTURES[1], "llama": ARCHITECTURES[2]}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -64,17 +66,19 @@ class ModelConfig:
                 "ModelConfig: attention_bias=True with qk_norm=True (Qwen3) is not "
                 "supported; Qwen3 checkpoints have no attention biases."
             )
-        if not self.qk_norm and not self.attention_bias:
-            raise ValueError(
-                "ModelConfig: qk_norm=False (Qwen2) needs attention_bias=True; "
-                "Qwen2 checkpoints always carry q/k/v biases."
-            )
         if not self.rms_norm_eps > 0:
             raise ValueError(f"ModelConfig.rms_norm_eps must be > 0, got {self.rms_norm_eps!r}.")
 
     @property
     def architecture(self) -> str:
-        return "Qwen3ForCausalLM" if self.qk_norm else "Qwen2ForCausalLM"
+        """Qwen3 (qk_norm), Qwen2 (attention_bias) or Llama (neither)."""
+        if self.qk_norm:
+            return ARCHITECTURES[0]
+        return ARCHITECTURES[1] if self.attention_bias else ARCHITECTURES[2]
+
+    @property
+    def model_type(self) -> str:
+        return {a: t for t, a in _MODEL_TYPES.items()}[self.architecture]
 
     @property
     def num_params(self) -> int:
@@ -180,13 +184,7 @@ class ModelConfig:
     def from_hf_dict(cls, hf: dict[str, Any], *, source: str = "config.json") -> ModelConfig:
         """Map a Hugging Face `config.json` dict onto a ModelConfig (clear error on mismatch)."""
         archs = hf.get("architectures") or []
-        arch = (
-            archs[0]
-            if archs
-            else {"qwen3": ARCHITECTURES[0], "qwen2": ARCHITECTURES[1]}.get(
-                hf.get("model_type", ""), None
-            )
-        )
+        arch = archs[0] if archs else _MODEL_TYPES.get(hf.get("model_type", ""), None)
         if arch not in ARCHITECTURES:
             raise ValueError(
                 f"{source}: unsupported architecture {arch!r} (model_type "
@@ -214,6 +212,13 @@ class ModelConfig:
                 f"{source}: use_sliding_window=true is not supported; ais_jax "
                 "implements full attention only."
             )
+        for key in ("mlp_bias", "attention_bias"):  # Llama's biases (o_proj's too): not built
+            if arch == ARCHITECTURES[2] and hf.get(key):
+                raise ValueError(f"{source}: {key}=true is not supported for {arch}.")
+        if hf.get("hidden_act", "silu") != "silu":
+            raise ValueError(
+                f"{source}: hidden_act {hf['hidden_act']!r} is not supported; only 'silu'."
+            )
         rope_theta = rope.get("rope_theta", hf.get("rope_theta", 10_000.0))
         heads = hf["num_attention_heads"]
         qwen3 = arch == ARCHITECTURES[0]
@@ -229,15 +234,16 @@ class ModelConfig:
             rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
             tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
             qk_norm=qwen3,
-            attention_bias=bool(hf.get("attention_bias", not qwen3)),
+            attention_bias=bool(hf.get("attention_bias", arch == ARCHITECTURES[1])),
             max_position_embeddings=hf.get("max_position_embeddings", 40_960),
         )
 
     def to_hf_dict(self, *, dtype: str = "bfloat16") -> dict[str, Any]:
-        model_type = "qwen3" if self.qk_norm else "qwen2"
+        llama = {"mlp_bias": False} if self.architecture == ARCHITECTURES[2] else {}
         return {
             "architectures": [self.architecture],
-            "model_type": model_type,
+            "model_type": self.model_type,
+            **llama,
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
             "num_hidden_layers": self.num_layers,

@@ -1,4 +1,4 @@
-"""Shared fixtures: tiny random Hugging Face Qwen3/Qwen2 checkpoints built with `transformers`.
+"""Shared fixtures: tiny random Hugging Face Qwen3/Qwen2/Llama checkpoints made by `transformers`.
 
 `make_hf_checkpoint(tmp_path_factory, arch, **shape)` writes a float32 `save_pretrained`
 directory whose every weight is random (matrices std 0.2, norms 1 + 0.2 N(0, 1), Qwen2 q/k/v
@@ -147,7 +147,8 @@ def write_tokenizer(folder: Path, num_words: int, eos_id: int | None = None) -> 
 
 
 def make_hf_checkpoint(tmp_path_factory, arch: str = "qwen3", *, seed: int = 0, **shape) -> Path:
-    """Build and save a random-weight ``Qwen3ForCausalLM`` / ``Qwen2ForCausalLM`` (float32)."""
+    """Build and save a random-weight ``Qwen3ForCausalLM`` / ``Qwen2ForCausalLM`` /
+    ``LlamaForCausalLM`` (float32)."""
     import torch
     import transformers
 
@@ -156,6 +157,7 @@ def make_hf_checkpoint(tmp_path_factory, arch: str = "qwen3", *, seed: int = 0, 
     config_cls, model_cls = {
         "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
         "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
     }[arch]
     config = config_cls(
         **kw,

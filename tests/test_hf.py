@@ -1,8 +1,8 @@
 """Specification of `hf.py`: parity with `transformers`, checkpoint round trips, clear errors.
 
-The reference is `transformers`' own `Qwen3ForCausalLM` / `Qwen2ForCausalLM` (eager attention,
-CPU) on random-weight checkpoints built by conftest.py, run on LEFT-PADDED batches with explicit
-``position_ids = max(cumsum(mask) - 1, 0)``; only valid positions are compared. The float32
+The reference is `transformers`' own `Qwen3ForCausalLM` / `Qwen2ForCausalLM` / `LlamaForCausalLM`
+(eager attention, CPU) on random-weight checkpoints built by conftest.py, run on LEFT-PADDED
+batches with explicit ``position_ids = max(cumsum(mask) - 1, 0)``; only valid positions are compared. The float32
 tolerance is levanter's: ``|ours - ref| <= 1e-4 * max(1, |ref|)`` elementwise, never relaxed.
 """
 
@@ -55,9 +55,23 @@ CASES = {
         "qwen2",
         dict(tie_word_embeddings=True, num_key_value_heads=1, rope_theta=2e4),
     ),
+    "llama-untied-gqa2-hd16": ("llama", dict(rope_theta=1e5)),
+    "llama-tied-gqa3-hd8": (
+        "llama",
+        dict(
+            hidden_size=48,
+            num_attention_heads=6,
+            num_key_value_heads=2,
+            head_dim=8,
+            tie_word_embeddings=True,
+            rms_norm_eps=1e-5,
+        ),
+    ),
 }
 ALL_CASES = pytest.mark.parametrize("case", list(CASES))
-TWO_CASES = pytest.mark.parametrize("case", ["qwen3-untied-gqa2-hd16", "qwen2-tied-gqa4-hd16"])
+TWO_CASES = pytest.mark.parametrize(
+    "case", ["qwen3-untied-gqa2-hd16", "qwen2-tied-gqa4-hd16", "llama-tied-gqa3-hd8"]
+)
 
 _forward = jax.jit(forward, static_argnums=1)
 
@@ -299,10 +313,10 @@ BAD_CHECKPOINTS = {
     ),
     "unsupported-architecture": (
         lambda f: _edit_config(
-            f, lambda c: c.update(architectures=["LlamaForCausalLM"], model_type="llama")
+            f, lambda c: c.update(architectures=["MistralForCausalLM"], model_type="mistral")
         ),
-        r"unsupported architecture 'LlamaForCausalLM'.*"
-        r"\['Qwen3ForCausalLM', 'Qwen2ForCausalLM'\]",
+        r"unsupported architecture 'MistralForCausalLM'.*"
+        r"\['Qwen3ForCausalLM', 'Qwen2ForCausalLM', 'LlamaForCausalLM'\]",
     ),
     "config-field-missing": (
         lambda f: _edit_config(f, lambda c: c.pop("hidden_size")),

@@ -515,9 +515,9 @@ def _wrong_shape(path: Path) -> str:
 
 def _other_architecture(path: Path) -> str:
     cfg = json.loads((path / "config.json").read_text())
-    cfg.update(architectures=["LlamaForCausalLM"], model_type="llama")
+    cfg.update(architectures=["MistralForCausalLM"], model_type="mistral")
     (path / "config.json").write_text(json.dumps(cfg))
-    return "unsupported architecture 'LlamaForCausalLM'"
+    return "unsupported architecture 'MistralForCausalLM'"
 
 
 def _empty(path: Path) -> str:
