@@ -2,8 +2,9 @@
 
 The reference is `transformers`' own `Qwen3ForCausalLM` / `Qwen2ForCausalLM` / `LlamaForCausalLM`
 (eager attention, CPU) on random-weight checkpoints built by conftest.py, run on LEFT-PADDED
-batches with explicit ``position_ids = max(cumsum(mask) - 1, 0)``; only valid positions are compared. The float32
-tolerance is levanter's: ``|ours - ref| <= 1e-4 * max(1, |ref|)`` elementwise, never relaxed.
+batches with explicit ``position_ids = max(cumsum(mask) - 1, 0)``; only valid positions are
+compared. The float32 tolerance is levanter's: ``|ours - ref| <= 1e-4 * max(1, |ref|)``
+elementwise, never relaxed.
 """
 
 from __future__ import annotations
