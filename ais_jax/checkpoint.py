@@ -8,11 +8,12 @@ The record holds the grain iterator state, whose bytes are stored as ``{"__bytes
 Orbax writes each step into a temporary folder and renames it only when every file is on
 disk, so a run killed in the middle of a save leaves a `*.orbax-checkpoint-tmp-*` folder that
 is never listed as a step: a half-written checkpoint is never picked up. A checkpoint that is
-listed but cannot be read (files deleted or truncated afterwards) raises `CheckpointError`
-naming its path; ``fallback=True`` restores the newest readable one instead and says which
-steps it passed over. A checkpoint whose arrays have other names or shapes than the state to
-restore (a different model or training setup) is a `CheckpointError` listing the differences,
-found from the checkpoint's metadata before any array is read.
+listed but cannot be read (files deleted or truncated afterwards) raises `UnreadableCheckpoint`
+naming its path and ending in advice, which each command replaces with its own remedy
+(`UnreadableCheckpoint.advise`); ``fallback=True`` restores the newest readable one instead
+and says which steps it passed over. A checkpoint whose arrays have other names or shapes than
+the state to restore (a different model or training setup) is a `CheckpointError` listing the
+differences, found from the checkpoint's metadata before any array is read.
 
 A save that fails (a full disk, a file-size limit, a read-only file system) is one
 `CheckpointError` naming the step's folder and the reason. orbax's worker threads each report
@@ -22,10 +23,19 @@ awaited" for writes that had not started when the save's loop closed): those ech
 back during the save and, once it has failed, dropped for the rest of the process. A restored
 checkpoint whose floating-point arrays hold NaN or infinity is restored with a
 warning naming the checkpoint and the arrays.
+
+A restore reads every array at once (a task per array, in an event loop that orbax makes and
+closes for the call), and the first read that fails ends the call. The reads still in flight
+are cancelled and awaited before that loop closes (`_reads_end_with_their_loop`). Left
+pending, they finished later in tensorstore's threads, posting into the closed loop
+("RuntimeError: Event loop is closed"), or were collected at exit, where orbax turns the
+closing of each suspended read into an exception of its own ("Exception ignored in: <coroutine
+object _read_array_index_and_device_put>"): tracebacks after the command's one error line.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -46,6 +56,27 @@ from ais_jax.hf import CheckpointError
 from ais_jax.paths import safe_path, write_atomic
 
 log = logging.getLogger(__name__)
+
+
+class UnreadableCheckpoint(CheckpointError):
+    """Checkpoints that are listed but cannot be read: ``failed``, their steps (newest first),
+    and ``others``, the directory's other steps. The message is ``problem`` then ``advice``,
+    the library's; a command replaces the advice with its own remedy (`advise`)."""
+
+    def __init__(self, problem: str, *, failed: list[int], others: list[int], advice: str):
+        super().__init__(f"{problem} {advice}".strip())
+        self.problem, self.failed, self.others = problem, failed, others
+
+    def advise(self, advice: str) -> UnreadableCheckpoint:
+        """The same error with ``advice`` in place of the library's."""
+        return UnreadableCheckpoint(
+            self.problem, failed=self.failed, others=self.others, advice=advice
+        )
+
+
+def steps_words(steps: list[int]) -> str:
+    """``"steps 0, 2"`` or ``"step 0"``: checkpoints named in advice (``steps`` not empty)."""
+    return f"step{'s' if len(steps) > 1 else ''} {', '.join(str(s) for s in steps)}"
 
 
 class Checkpointer:
@@ -115,37 +146,41 @@ class Checkpointer:
     ) -> tuple[int, Any, dict[str, Any]]:
         """Restore ``step`` (default: the latest) onto ``template``'s structure and shardings.
 
-        Returns ``(step, state, record)``.
+        Returns ``(step, state, record)``. A checkpoint that cannot be read is an
+        `UnreadableCheckpoint`; ``fallback`` (with no ``step``) tries the older ones first.
         """
         steps = self.steps()
         if not steps:
             raise CheckpointError(f"No checkpoint to resume from in {self.directory}.")
-        candidates = [step] if step is not None else steps[::-1]
         if step is not None and step not in steps:
             raise CheckpointError(
                 f"No checkpoint for step {step} in {self.directory}; available steps: {steps}."
             )
-        if fallback and step is None:
+        if step is not None:
+            candidates = [step]
+        elif fallback:
             candidates = steps[::-1]
-        elif step is None:
+        else:
             candidates = steps[-1:]
         failures = []
         for s in candidates:
-            self._check_shapes(s, template)
-            try:
-                with _held_back_echoes():  # a damaged file fails every read that touches it
-                    out = self._manager.restore(
-                        s,
-                        args=ocp.args.Composite(
-                            state=ocp.args.StandardRestore(template), record=ocp.args.JsonRestore()
-                        ),
+            with _reads_end_with_their_loop():
+                self._check_shapes(s, template)
+                try:
+                    with _held_back_echoes():  # a damaged file fails every read that touches it
+                        out = self._manager.restore(
+                            s,
+                            args=ocp.args.Composite(
+                                state=ocp.args.StandardRestore(template),
+                                record=ocp.args.JsonRestore(),
+                            ),
+                        )
+                except Exception as e:  # orbax/tensorstore raise many types for damaged files
+                    failures.append(
+                        f"{self.directory / str(s)}: {type(e).__name__}: "
+                        f"{str(e).splitlines()[0][:200] if str(e) else ''}"
                     )
-            except Exception as e:  # orbax/tensorstore raise many types for damaged files
-                failures.append(
-                    f"{self.directory / str(s)}: {type(e).__name__}: "
-                    f"{str(e).splitlines()[0][:200] if str(e) else ''}"
-                )
-                continue
+                    continue
             if failures:
                 log.warning("Skipped unreadable checkpoint(s): %s", "; ".join(failures))
             bad = nonfinite(out.state)
@@ -158,12 +193,19 @@ class Checkpointer:
                     + (f" and {len(bad) - 6} more arrays" if len(bad) > 6 else ""),
                 )
             return s, out.state, dict(out.record)
-        hint = "" if fallback else " Pass fallback=True (--resume-fallback) to use an older one."
-        raise CheckpointError(
-            "Checkpoint could not be read (corrupt or truncated): "
-            + "; ".join(failures)
-            + "."
-            + hint
+        failed = candidates  # every one, or it would have returned
+        others = [s for s in steps if s not in failed]
+        if fallback and step is None:
+            advice = ""
+        elif step is None:
+            advice = "Pass fallback=True (--resume-fallback) to use an older one."
+        else:
+            advice = f"Restore another step: {others}." if others else "There is no other step."
+        raise UnreadableCheckpoint(
+            "Checkpoint could not be read (corrupt or truncated): " + "; ".join(failures) + ".",
+            failed=failed,
+            others=others,
+            advice=advice,
         )
 
     def _check_shapes(self, step: int, template: Any) -> None:
@@ -363,3 +405,63 @@ def _held_back_echoes():
                 logging.getLogger(record.name).handle(record)
             for u in held_unraisable:
                 previous_hook(u)
+
+
+class _DrainingLoop(asyncio.SelectorEventLoop):
+    """An event loop that, when closed, first cancels the tasks still pending on it and waits
+    for them to end (as `asyncio.run` does, which orbax's `run_sync` does not use)."""
+
+    def close(self) -> None:
+        if self.is_running() or self.is_closed():
+            return super().close()  # a running loop refuses to close: asyncio's error
+        try:
+            pending = asyncio.all_tasks(self)
+            for task in pending:
+                task.cancel()
+            if pending:  # each ends (cancelled, or with orbax's error for its read) and is
+                # retrieved here; a cancelled tensorstore read never calls back
+                self.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        finally:
+            super().close()
+
+
+class _DrainingLoops(asyncio.AbstractEventLoopPolicy):
+    """The event loop policy ``base``, except that the loops it makes are `_DrainingLoop`s."""
+
+    def __init__(self, base: asyncio.AbstractEventLoopPolicy):
+        self.base = base
+
+    def get_event_loop(self):
+        return self.base.get_event_loop()
+
+    def set_event_loop(self, loop):
+        self.base.set_event_loop(loop)
+
+    def new_event_loop(self):
+        return _DrainingLoop()
+
+    def get_child_watcher(self):
+        return self.base.get_child_watcher()
+
+    def set_child_watcher(self, watcher):
+        self.base.set_child_watcher(watcher)
+
+
+@contextlib.contextmanager
+def _reads_end_with_their_loop():
+    """orbax reads a checkpoint in an event loop of its own (``asyncio.new_event_loop``), which
+    it closes as soon as the first read fails, with the other reads still in flight. While
+    this block runs, the loops made are `_DrainingLoop`s: the reads left behind are cancelled
+    and awaited before their loop closes, so none reports later, from tensorstore's threads
+    or at exit. The current policy is kept for everything else (the current loop of each
+    thread) and is back once the block ends. (asyncio deprecates policies from Python 3.14
+    and removes them in 3.16, where this needs another way in.)"""
+    base = asyncio.get_event_loop_policy()
+    if isinstance(base, _DrainingLoops):  # a restore within a restore
+        yield
+        return
+    asyncio.set_event_loop_policy(_DrainingLoops(base))
+    try:
+        yield
+    finally:
+        asyncio.set_event_loop_policy(base)

@@ -1,9 +1,11 @@
 """`ais-jax` command line: thin wrappers over the library.
 
     ais-jax train     [--config F] [--set k=v ...] [--out DIR] [--resume [--resume-fallback]]
-    ais-jax eval      --run DIR [--data FILE] [--examples N] [--k 4] [--temperature T] [--out F]
-    ais-jax sample    (--run DIR | --checkpoint HF_DIR) --prompt TEXT [--n N] [--format F]
-    ais-jax export-hf --run DIR --to HF_DIR
+    ais-jax eval      --run DIR [--step N] [--data FILE] [--examples N] [--k 4] [--temperature T]
+                      [--out F]
+    ais-jax sample    (--run DIR [--step N] | --checkpoint HF_DIR) --prompt TEXT [--n N]
+                      [--format F]
+    ais-jax export-hf --run DIR [--step N] --to HF_DIR
     ais-jax compare   [--config F] [--seeds 5] [--arms bf16,fp8,fp4,fp4+tis,fp4+ais,fp4+mis]
                       [--vary-sft | --start RUN_DIR[@STEP]] [--set k=v ...] [--out DIR]
     ais-jax plan      --model qwen3-8b [--mesh data=1,fsdp=8,tensor=1] ...
@@ -12,10 +14,13 @@
 `train` with no arguments runs the embedded default (configs/quickstart.yaml, shipped in the
 package): a tiny Qwen3-style model, SFT warm start, then GRPO with FP8 rollouts and AIS on
 built-in arithmetic, on CPU in minutes. Errors in the user's input end in one line on stderr
-and exit status 2, not a traceback; so do a full disk, an unwritable --out and an --out that
-another live run holds (its lock, paths.claim_run_dir). Ctrl-C or SIGTERM during `train` or
-`compare` finishes the current RL step, writes its checkpoint and ends with one line saying how
-to resume, exit status 130 or 143 (preemption.py); a second one stops at once. Every JSON
+and exit status 2, not a traceback; so do a full disk, an unwritable --out, an --out that
+another live run holds (its lock, paths.claim_run_dir) and a damaged checkpoint, whose line
+ends in what that command can do about it: --step N for eval, sample and export-hf (which read
+the newest checkpoint unless told another), --resume-fallback for train, and for compare the
+folder to delete before it is run again. Ctrl-C or SIGTERM during `train` or `compare`
+finishes the current RL step, writes its checkpoint and ends with one line saying how to
+resume, exit status 130 or 143 (preemption.py); a second one stops at once. Every JSON
 document printed or written is strict JSON: a non-finite number is null, with a warning.
 """
 
@@ -74,6 +79,7 @@ def _load(args):
 
 
 def _cmd_train(args) -> int:
+    from ais_jax.checkpoint import UnreadableCheckpoint, steps_words
     from ais_jax.job import run_training
     from ais_jax.run_log import describe
 
@@ -85,15 +91,26 @@ def _cmd_train(args) -> int:
         cfg = load_config(out / "config.yaml", args.set or [])
     else:
         cfg = _load(args)
-    print(f"ais-jax train: writing to {out}", file=sys.stderr)
-    with preemption.graceful_stop(out) as stop:
-        summary = run_training(
-            cfg,
-            out,
-            resume=args.resume,
-            fallback=args.resume_fallback,
-            show_progress=not args.no_progress,
-        )
+    if not args.out:  # a directory named here: say which
+        print(f"ais-jax train: writing to {out}", file=sys.stderr)
+    try:
+        with preemption.graceful_stop(out) as stop:
+            summary = run_training(
+                cfg,
+                out,
+                resume=args.resume,
+                fallback=args.resume_fallback,
+                show_progress=not args.no_progress,
+            )
+    except UnreadableCheckpoint as e:
+        if args.resume_fallback:  # every checkpoint failed; the error lists them
+            raise
+        raise e.advise(
+            f"Add --resume-fallback to resume from the newest readable one of {out}'s other "
+            f"checkpoints ({steps_words(e.others)})."
+            if e.others
+            else f"{out} has no other checkpoint to resume from."
+        ) from None
     _print_json(summary, "summary", indent=2)
     print(describe(summary), file=sys.stderr)
     return _late_signal(stop, "train", out)
@@ -114,14 +131,29 @@ def _late_signal(stop, command: str, out: Path) -> int:
     return 128 + stop.signum
 
 
-def _restored_run(run_dir: Path):
+def _restored_run(run_dir: Path, step: int | None = None):
+    """The run in ``run_dir`` restored from its checkpoint of ``step`` (--step; default: the
+    newest). A damaged checkpoint is one error naming the other steps --step can pick."""
+    from ais_jax.checkpoint import UnreadableCheckpoint, steps_words
     from ais_jax.config import load_config
     from ais_jax.job import make_run
 
     if not (run_dir / "config.yaml").is_file():
         raise CheckpointError(f"{run_dir} is not a training run directory (no config.yaml).")
     run = make_run(load_config(run_dir / "config.yaml"), run_dir)
-    run.restore()
+    steps = run.checkpointer.steps()
+    if step is not None and steps:  # no checkpoint at all: restore says so
+        _require(
+            step in steps, "--step", step, f"{run_dir} has checkpoints of {steps_words(steps)}"
+        )
+    try:
+        run.restore(step=step)
+    except UnreadableCheckpoint as e:
+        raise e.advise(
+            f"Pick another checkpoint with --step N ({run_dir} also has {steps_words(e.others)})."
+            if e.others
+            else f"It is {run_dir}'s only checkpoint."
+        ) from None
     return run
 
 
@@ -142,7 +174,7 @@ def _cmd_eval(args) -> int:
     if args.data is not None and not Path(args.data).is_file():
         raise FileNotFoundError(f"--data {args.data!r} is not a file.")
     run_dir = Path(args.run)
-    run = _restored_run(run_dir)
+    run = _restored_run(run_dir, args.step)
     step, r = int(run.state.step), run.cfg.rollout
     temperature = r.temperature if args.temperature is None else args.temperature
     draws = run.evaluate_at_k(args.examples, k=args.k, temperature=temperature, data_path=args.data)
@@ -204,8 +236,10 @@ def _cmd_sample(args) -> int:
         args.temperature,
         "must be a finite number > 0",
     )
+    if args.step is not None and not args.run:
+        raise ValueError("--step picks a checkpoint of --run; --checkpoint is one set of weights.")
     if args.run:
-        run = _restored_run(Path(args.run))
+        run = _restored_run(Path(args.run), args.step)
         if run.cfg.model.family == "llada":
             raise ValueError(
                 f"ais-jax sample: {args.run} is a LLaDA (masked-diffusion) run, which this "
@@ -214,20 +248,11 @@ def _cmd_sample(args) -> int:
         config, tokenizer, rollout = run.model_config, run.tokenizer, run.cfg.rollout
         params = run.state.params
     else:
-        from ais_jax.checkpoint import nonfinite
         from ais_jax.config import RolloutConfig
 
         tokenizer = HFTokenizer(args.checkpoint)
-        config, params = load_hf(args.checkpoint)
+        config, params = load_hf(args.checkpoint)  # refuses non-finite weights, naming them
         config = require_decoder(config, args.checkpoint)
-        bad = nonfinite(params)
-        if bad:
-            log.warning(
-                "%s holds non-finite weights (NaN or inf) in %s; log-probabilities computed "
-                "from them are NaN (printed as null).",
-                args.checkpoint,
-                ", ".join(bad[:6]) + (f" and {len(bad) - 6} more" if len(bad) > 6 else ""),
-            )
         rollout = RolloutConfig()
     import dataclasses
 
@@ -268,7 +293,7 @@ def _cmd_sample(args) -> int:
 def _cmd_export(args) -> int:
     from ais_jax.hf import save_hf
 
-    run = _restored_run(Path(args.run))
+    run = _restored_run(Path(args.run), args.step)
     if run.cfg.model.family == "llada":  # LLaDA's own checkpoint layout
         import jax
 
@@ -289,7 +314,8 @@ def _cmd_compare(args) -> int:
     _positive("--seeds", args.seeds)
     cfg = _load(args)
     out = Path(args.out) if args.out else _new_run_dir("compare")
-    print(f"ais-jax compare: writing to {out}", file=sys.stderr)
+    if not args.out:
+        print(f"ais-jax compare: writing to {out}", file=sys.stderr)
     # an interrupted comparison continues where it stopped when it is run again
     again = [a for a in args.argv if a != "--no-progress"]
     again += [] if args.out else ["--out", str(out)]
@@ -364,15 +390,22 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser(
         "eval",
         help="pass@1, mean@k, maj@k, pass@k of a run's latest checkpoint, 95%% intervals",
-        description="Evaluate a run's latest checkpoint (its BF16 policy) on its held-out set "
-        "or a JSONL test set (--data, gsm8k/math runs): pass@1 (greedy), mean@k (mean accuracy "
-        "of k samples per prompt), maj@k (majority vote over the k final answers; ties go to "
-        "the answer sampled first) and pass@k, each with a 95% interval over prompts (Wilson "
-        "score for pass@1, maj@k and pass@k; Student t for mean@k). Prints JSON; writes one "
-        "row per example (prompt, greedy response, samples, extracted answers, correct flags) "
-        "to --out.",
+        description="Evaluate a run's latest checkpoint, or that of --step N (its BF16 policy), "
+        "on its held-out set or a JSONL test set (--data, gsm8k/math runs): pass@1 (greedy), "
+        "mean@k (mean accuracy of k samples per prompt), maj@k (majority vote over the k final "
+        "answers; ties go to the answer sampled first) and pass@k, each with a 95% interval "
+        "over prompts (Wilson score for pass@1, maj@k and pass@k; Student t for mean@k). Prints "
+        "JSON; writes one row per example (prompt, greedy response, samples, extracted answers, "
+        "correct flags) to --out.",
     )
     e.add_argument("--run", required=True)
+    e.add_argument(
+        "--step",
+        type=int,
+        metavar="N",
+        help="the checkpoint of step N, e.g. an older one when the newest is damaged (default: "
+        "the newest)",
+    )
     e.add_argument(
         "--data", help="JSONL test set in the run's task format (default: the run's held-out set)"
     )
@@ -396,6 +429,13 @@ def build_parser() -> argparse.ArgumentParser:
     src = s.add_mutually_exclusive_group(required=True)
     src.add_argument("--run")
     src.add_argument("--checkpoint")
+    s.add_argument(
+        "--step",
+        type=int,
+        metavar="N",
+        help="with --run: the checkpoint of step N, e.g. an older one when the newest is damaged "
+        "(default: the newest)",
+    )
     s.add_argument("--prompt", required=True)
     s.add_argument("--n", type=int, default=4)
     s.add_argument("--seed", type=int, default=0)
@@ -412,6 +452,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     x = sub.add_parser("export-hf", help="write a run's trained params as an HF directory")
     x.add_argument("--run", required=True)
+    x.add_argument(
+        "--step",
+        type=int,
+        metavar="N",
+        help="the checkpoint of step N, e.g. an older one when the newest is damaged (default: "
+        "the newest)",
+    )
     x.add_argument("--to", required=True)
     x.set_defaults(fn=_cmd_export)
 

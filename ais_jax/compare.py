@@ -22,7 +22,9 @@ Design, so that arm differences are differences of the RL phase and nothing else
   step 0, every ``eval_every`` steps and at the end (each run's ``eval.jsonl``).
 - **Resumable.** Re-running with the same ``out`` skips the runs that finished (their
   ``summary.json`` exists), resumes the ones that were interrupted from their checkpoints, and
-  reuses the saved start; a different configuration or start is refused.
+  reuses the saved start; a different configuration or start is refused. A run whose newest
+  checkpoint cannot be read is an error naming the folder to delete before re-running: that
+  checkpoint (the run resumes from its previous one) or the run (it trains again).
 - Arms run in one process, so the jitted phases compiled for one arm serve every arm and seed
   with the same settings.
 
@@ -249,6 +251,7 @@ def start_from_checkpoint(cfg: TrainConfig, spec: str) -> tuple[dict, dict[str, 
     ``cfg.model``."""
     import jax
 
+    from ais_jax.checkpoint import UnreadableCheckpoint, steps_words
     from ais_jax.hf import CheckpointError
     from ais_jax.job import make_run
 
@@ -264,7 +267,15 @@ def start_from_checkpoint(cfg: TrainConfig, spec: str) -> tuple[dict, dict[str, 
             f"model {cfg.model}."
         )
     run = make_run(run_cfg, run_dir)
-    step, restored, _ = run.checkpointer.restore(run.checkpoint_template(), step)
+    try:
+        step, restored, _ = run.checkpointer.restore(run.checkpoint_template(), step)
+    except UnreadableCheckpoint as e:
+        raise e.advise(
+            f"Start from another of its checkpoints with --start {run_dir}@STEP "
+            f"({steps_words(e.others)})."
+            if e.others
+            else f"It is {run_dir}'s only checkpoint."
+        ) from None
     return jax.device_get(restored["train"].params), {"run": str(run_dir), "step": step}
 
 
@@ -380,6 +391,7 @@ def run_comparison(
     ``start``: ``"RUN_DIR[@STEP]"``, start from that training run's checkpoint instead of SFT.
     One log line per finished run (arm, seed, start -> final greedy accuracy, time).
     """
+    from ais_jax.checkpoint import UnreadableCheckpoint
     from ais_jax.job import run_training
 
     if seeds < 1:
@@ -406,9 +418,12 @@ def run_comparison(
             if not (out / "config.yaml").is_file():
                 (out / "config.yaml").write_text(dump_config(cfg))
             if _has_checkpoint(run_dir):  # interrupted: continue from its own checkpoints
-                run_training(
-                    arm.config(cfg, seed), run_dir, resume=True, show_progress=show_progress
-                )
+                try:
+                    run_training(
+                        arm.config(cfg, seed), run_dir, resume=True, show_progress=show_progress
+                    )
+                except UnreadableCheckpoint as e:
+                    raise e.advise(_damaged_run_advice(e, run_dir, arm, seed)) from None
             else:
                 name, params, digest = starts.get(seed)
                 run_dir.mkdir(parents=True, exist_ok=True)
@@ -450,6 +465,19 @@ def _check_config(cfg: TrainConfig, out: Path) -> None:
             f"{out} holds a comparison with another configuration ({describe_changes(changes)}); "
             f"continue it with --config {path}, or choose another --out."
         )
+
+
+def _damaged_run_advice(e, run_dir: Path, arm: Arm, seed: int) -> str:
+    """What to do when the newest checkpoint of an interrupted run (`UnreadableCheckpoint`
+    ``e``) cannot be read: delete it, or the whole run, and run the comparison again."""
+    again = "then run the comparison again with the same --out"
+    if not e.others:
+        return f"Delete {run_dir} to train {arm.name} seed {seed} again, {again}."
+    damaged = ", ".join(str(run_dir / "checkpoints" / str(s)) for s in e.failed)
+    return (
+        f"Delete {damaged} to resume {arm.name} seed {seed} from step {max(e.others)} (or "
+        f"{run_dir} to train it again), {again}."
+    )
 
 
 def _has_checkpoint(run_dir: Path) -> bool:

@@ -379,9 +379,11 @@ class Run:
         ref = self.state.params if self.cfg.loss.kl_coef > 0 else self.ref_params
         return {"train": self.state, "ref": ref}
 
-    def restore(self, *, fallback: bool = False) -> int:
+    def restore(self, step: int | None = None, *, fallback: bool = False) -> int:
+        """Restore the checkpoint of ``step`` (default: the newest; ``fallback``: the newest
+        readable one); returns its step. `checkpoint.Checkpointer.restore` has the errors."""
         template = self.checkpoint_template()
-        step, restored, record = self.checkpointer.restore(template, fallback=fallback)
+        step, restored, record = self.checkpointer.restore(template, step, fallback=fallback)
         self.state, self.ref_params = restored["train"], restored["ref"]
         self.prompts.set_state(from_record(record["data"]))
         return step
