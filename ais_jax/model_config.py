@@ -141,6 +141,23 @@ class ModelConfig:
         )
 
     @classmethod
+    def smollm2_135m(cls) -> ModelConfig:
+        """SmolLM2-135M(-Instruct), a Llama: no qk_norm, no attention biases."""
+        return cls(
+            vocab_size=49_152,
+            hidden_size=576,
+            num_layers=30,
+            num_heads=9,
+            num_kv_heads=3,
+            head_dim=64,
+            intermediate_size=1536,
+            rope_theta=100_000.0,
+            rms_norm_eps=1e-5,
+            qk_norm=False,
+            max_position_embeddings=8192,
+        )
+
+    @classmethod
     def tiny(cls, vocab_size: int = 512) -> ModelConfig:
         """The benchmark's "tiny" shape (about 1M parameters with a 512 vocabulary)."""
         return cls(
@@ -269,6 +286,7 @@ PRESETS = {
     "qwen3_1p7b": "qwen3_1p7b",
     "qwen3_4b": "qwen3_4b",
     "qwen3_8b": "qwen3_8b",
+    "smollm2_135m": "smollm2_135m",
     "tiny": "tiny",
     "small": "small",
 }

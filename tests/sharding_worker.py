@@ -69,7 +69,9 @@ def host_params(config=CONFIG):
     """Random float32 params with matrices of std 0.1 (logits O(1), nothing near 0)."""
     params = model.init_params(config, jax.random.key(0))
     params = jax.tree.map(lambda x: 5 * x if x.ndim == 3 else x, params)
-    params["embed"], params["lm_head"] = 5 * params["embed"], 5 * params["lm_head"]
+    for name in ("embed", "lm_head"):  # a tied model has no lm_head
+        if name in params:
+            params[name] = 5 * params[name]
     return jax.device_get(params)
 
 
@@ -475,6 +477,69 @@ def check_qwen35_train_step(ctx):
     assert_trees_close(out.logp_plain, ref.logp_plain)
 
 
+LLAMA = dataclasses.replace(CONFIG, qk_norm=False, attention_bias=False, tie_embeddings=True)
+
+
+def check_llama_train_step_and_fp8_generate(ctx):
+    """A tiny Llama (no qk_norm, no biases, tied head, as SmolLM2): one float32 update on a
+    2x2x2 mesh equals the 1-device update as `check_train_step` bounds it, and the FP8 rollout
+    (sync on the mesh, then the generate phase) draws the 1-device FP8 tokens."""
+    assert LLAMA.architecture == "LlamaForCausalLM"
+    params = host_params(LLAMA)
+    assert "q_norm" not in params["layers"] and "lm_head" not in params
+    batch = host_batch(params, LLAMA)
+    key, one, m = jax.random.key(1), one_device(), mesh(data=2, fsdp=2, tensor=2)
+    before = jax.device_get(phases(one, config=LLAMA).init(params))
+    ref, ref_metrics = jax.device_get(
+        phases(one, config=LLAMA).update(
+            phases(one, config=LLAMA).init(params), shd.shard_batch(batch, one), key
+        )
+    )
+    out, metrics = phases(m, config=LLAMA).update(
+        phases(m, config=LLAMA).init(params), shd.shard_batch(batch, m), key
+    )
+    assert_trees_close(out.opt_state, ref.opt_state, what="opt_state")
+    assert_metrics_close(metrics, ref_metrics, batch.advantages)
+    adam = ref.opt_state[1][0]
+    bias = 1 - OPTIM.b1 ** int(adam.count)
+    for (path, e), a, old, mu in zip(
+        jax.tree_util.tree_leaves_with_path(ref.params),
+        jax.tree.leaves(out.params),
+        jax.tree.leaves(before.params),
+        jax.tree.leaves(adam.mu),
+        strict=True,
+    ):
+        e, a = np.asarray(e), np.asarray(a)
+        step_size = float(np.abs(e - old).max())
+        assert step_size > 0, path
+        amplified = 2 * OPTIM.learning_rate / OPTIM.eps * float(np.abs(mu).max()) / bias
+        np.testing.assert_allclose(
+            a,
+            e,
+            rtol=2 * np.finfo(np.float32).eps,
+            atol=RTOL * (step_size + amplified),
+            err_msg=jax.tree_util.keystr(path),
+        )
+    ref_q = phases(one, FP8, config=LLAMA).sync(before.params)
+    q = phases(m, FP8, config=LLAMA).sync(phases(m, config=LLAMA).init(params).params)
+    prompts, prompt_mask = sampler.pad_prompts([[5, 6, 7], [8], [9, 10], [11, 12, 13, 14]] * 2)
+    key = jax.random.key(7)
+    expected = sampler.generate(
+        jax.device_get(ref_q),
+        LLAMA,
+        prompts,
+        key,
+        prompt_mask=prompt_mask,
+        max_new_tokens=6,
+        eos_ids=(3,),
+    )
+    gen = phases(m, FP8, config=LLAMA).generate
+    rows = shd.shard_batch((prompts, prompt_mask), m)
+    drawn = gen(q, *rows, key, np.float32(1.0), LLAMA.vocab_size, np.float32(1.0))
+    np.testing.assert_array_equal(np.asarray(drawn.tokens), np.asarray(expected.tokens))
+    assert_trees_close(drawn.logp_plain, expected.logp_plain)
+
+
 def check_fp8(ctx):
     """FP8 on 8 devices == FP8 on 1: the sync quantizes sharded weights with the *global*
     per-tensor amax (bit-identical codes and scales), and the W8A8 forward (batch-sharded
@@ -607,6 +672,7 @@ CHECKS = [
     check_score_bf16,
     check_train_step_bf16,
     check_qwen35_train_step,
+    check_llama_train_step_and_fp8_generate,
     check_generate,
     check_fp8,
     check_fp8_generate,

@@ -329,3 +329,15 @@ def test_package_paths_name_a_file_inside_an_installed_package(tmp_path):
     )
     with pytest.raises(CheckpointError, match=r"no installed Python package 'no_such_pkg'"):
         resolve_checkpoint("package:no_such_pkg/model.gguf")
+
+
+def test_llada_loader_refuses_non_finite_weights_too(tmp_path):
+    from ais_jax import llada
+
+    config = llada.LLaDAConfig.tiny()
+    params = jax.device_get(llada.init_params(config, jax.random.key(0)))
+    params["final_norm"] = np.asarray(params["final_norm"]).copy()
+    params["final_norm"][1] = np.inf
+    path = llada.save_llada(tmp_path / "llada", config, params)
+    with pytest.raises(CheckpointError, match=r"holds non-finite values \(0 NaN, 1 inf of "):
+        llada.load_llada(path)

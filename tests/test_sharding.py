@@ -343,6 +343,7 @@ CHECKS = [
     "check_score_bf16",
     "check_train_step_bf16",
     "check_qwen35_train_step",
+    "check_llama_train_step_and_fp8_generate",
     "check_generate",
     "check_fp8",
     "check_fp8_generate",

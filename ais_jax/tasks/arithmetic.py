@@ -27,6 +27,11 @@ every problem with a carry is wrong while the right one keeps probability ``1 - 
 carry, which is the situation RL post-training is for. Multiplication demonstrations are
 always exact. With ``slip=0`` (the default) no extra random numbers are drawn.
 
+``instruction`` gives each example chat ``messages`` too: one user message, ``"What is 47 +
+385? "`` followed by the instruction, which a tokenizer with a chat template (an
+instruction-tuned checkpoint such as SmolLM2-135M-Instruct) renders in place of the bare
+prompt; other tokenizers keep reading ``prompt``.
+
 Simplifications: subtraction orders its operands so the result is never negative, and there is
 no division. The reward is 1.0 iff the *last integer* in the response equals the answer, else
 0.0. "Last integer" is the last run of digits, with a leading ``-`` read as a sign only when it
@@ -68,6 +73,7 @@ class Arithmetic:
     max_digits: int = 3
     show_work: bool = False
     slip: float = 0.0
+    instruction: str | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "ops", tuple(self.ops))
@@ -82,6 +88,8 @@ class Arithmetic:
             raise ValueError(f"min_digits must be >= 1, got {self.min_digits}")
         if not (isinstance(self.slip, int | float) and 0.0 <= self.slip <= 1.0):
             raise ValueError(f"slip must be a probability in [0, 1], got {self.slip!r}")
+        if self.instruction is not None and not isinstance(self.instruction, str):
+            raise ValueError(f"instruction must be a string or None, got {self.instruction!r}")
         if self.max_digits < self.min_digits:
             raise ValueError(
                 f"max_digits must be >= min_digits={self.min_digits}, got {self.max_digits}"
@@ -99,7 +107,13 @@ class Arithmetic:
         else:
             steps, shown = {"+": _add_steps, "-": _sub_steps}[op](a, b, slips)
         demonstration = "\n".join([*steps, f"={shown}"]) if self.show_work else str(shown)
-        return Example(prompt=f"{a}{op}{b}=", answer=str(result), demonstration=demonstration)
+        messages = None
+        if self.instruction is not None:
+            question = f"What is {a} {op} {b}? {self.instruction}".strip()
+            messages = ({"role": "user", "content": question},)
+        return Example(
+            prompt=f"{a}{op}{b}=", answer=str(result), demonstration=demonstration, messages=messages
+        )
 
     def reward(self, example: Example, response: str) -> float:
         found = final_integer(response)
