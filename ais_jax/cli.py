@@ -482,7 +482,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--arms",
         default=None,
         help="comma-separated FORMAT or FORMAT+METHOD, FORMAT in bf16, fp8 (e4m3), fp8e5, "
-        "fp6 (e3m2), fp6e2, fp4 (e2m1) and METHOD in tis, ais, mis; the first is the "
+        "fp6 (e3m2), fp6e2, fp4 (e2m1), fp8tok (e4m3, per-token activation scales) and METHOD "
+        "in tis, ais, mis; the first is the "
         "reference of the paired differences (default: bf16,fp8,fp4,fp4+tis,fp4+ais,fp4+mis)",
     )
     start = c.add_mutually_exclusive_group()

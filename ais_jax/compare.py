@@ -97,7 +97,10 @@ FORMATS = {
     "fp6": "float6_e3m2fn",
     "fp6e2": "float6_e2m3fn",
     "fp4": "float4_e2m1fn",
+    "fp8tok": "float8_e4m3fn",
 }
+# formats whose arm sets its own activation scaling (the others keep the base config's)
+ACT_SCALING = {"fp8tok": "token"}
 METHODS = ("tis", "ais", "mis")
 DEFAULT_ARMS = "bf16,fp8,fp4,fp4+tis,fp4+ais,fp4+mis"
 CONFIDENCE = 0.95
@@ -120,11 +123,13 @@ DIAGNOSTICS = {
 
 @dataclasses.dataclass(frozen=True)
 class Arm:
-    """One arm: its name (``fp4+ais``), ``rollout.format`` and ``correction.method``."""
+    """One arm: its name (``fp4+ais``), ``rollout.format`` and ``correction.method``, and the
+    ``rollout.act_scaling`` it sets (None: the base config's; ``fp8tok``: per-token)."""
 
     name: str
     format: str
     method: str
+    act_scaling: str | None = None
 
     @property
     def dirname(self) -> str:
@@ -135,10 +140,11 @@ class Arm:
         base config's ``correction.level`` is the level of the arms that weight by one (tis,
         mis); the other arms have none and keep the default."""
         level = cfg.correction.level if self.method in LEVEL_METHODS else "token"
+        scaling = self.act_scaling or cfg.rollout.act_scaling
         return dataclasses.replace(
             cfg,
             seed=seed,
-            rollout=dataclasses.replace(cfg.rollout, format=self.format),
+            rollout=dataclasses.replace(cfg.rollout, format=self.format, act_scaling=scaling),
             correction=dataclasses.replace(cfg.correction, method=self.method, level=level),
         )
 
@@ -160,7 +166,7 @@ def parse_arm(text: str) -> Arm:
     fmt, plus, method = name.partition("+")
     if fmt not in FORMATS or (plus and method not in METHODS):
         raise ValueError(f"Unknown arm(s) [{text.strip()!r}]; {_grammar()}.")
-    return Arm(name, FORMATS[fmt], method if plus else "none")
+    return Arm(name, FORMATS[fmt], method if plus else "none", ACT_SCALING.get(fmt))
 
 
 def parse_arms(spec: str | Sequence[str] | None = None) -> list[Arm]:

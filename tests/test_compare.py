@@ -50,6 +50,15 @@ def test_parse_arm(name, fmt, method):
     cfg = arm.config(TrainConfig(), seed=7)
     assert (cfg.rollout.format, cfg.correction.method, cfg.seed) == (fmt, method, 7)
     assert "+" not in arm.dirname and "/" not in arm.dirname
+    assert cfg.rollout.act_scaling == "tensor"  # the base config's
+
+
+def test_fp8tok_arms_scale_activations_per_token():
+    base = TrainConfig()
+    for name in ("fp8tok", "fp8tok+ais"):
+        cfg = compare.parse_arm(name).config(base, seed=1)
+        assert (cfg.rollout.format, cfg.rollout.act_scaling) == ("float8_e4m3fn", "token")
+    assert compare.parse_arm("fp8+ais").config(base, 1).rollout.act_scaling == "tensor"
 
 
 def test_the_base_level_goes_to_the_arms_that_weight_by_one():
