@@ -2,13 +2,13 @@
 and the update each correction makes through the GRPO loss (float64 reference gradients)."""
 
 import doctest
-import math
 
 import hypothesis
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import references
 from hypothesis import strategies as st
 
 from ais_jax import ais, checks, grpo
@@ -100,33 +100,40 @@ def test_worked_example_to_three_decimals(layout):
     assert [round(x, 3) for x in a_tilde.tolist()] == [0.997, 0.400, -0.234, -1.478]
 
 
-def _reference_ais(advantages, logp_train, logp_rollout, mask, C=5.0, delta=0.02, gamma=1.2):
-    """SPEC section 3 in float64 NumPy, written independently of ais.py."""
-    a = _broadcast(advantages, mask.shape).astype(np.float64)
-    valid = mask != 0
-    log_rho = np.clip(logp_train.astype(np.float64) - logp_rollout.astype(np.float64), -20, 20)
-    if valid.sum() < 2:
-        return a.copy(), 0.0
-    w_bar = np.minimum(np.exp(log_rho[valid]), C)
-    av = a[valid]
-    cv = np.std(w_bar, ddof=1) / np.mean(w_bar)
-    alpha_ess = 1.0 / math.sqrt(1.0 + cv**2)
-    alpha_mis = min(1.0, np.mean(np.abs(log_rho[valid])) / delta)
-    delta_sig = np.std(av * w_bar, ddof=1) / (np.std(av, ddof=1) + 1e-6)
-    alpha_var = max(0.0, (delta_sig - gamma) / gamma)
-    alpha = min(max(alpha_ess - 1.0 * alpha_var, 0.0), 1.0) * alpha_mis  # beta_var = 1
-    out = a.copy()
-    out[valid] = (1.0 + alpha * (w_bar - 1.0)) * av
-    return out, alpha
+# beta_var (SPEC leaves it open; 0 switches the variance penalty off), drawn with the batch;
+# gamma = 0.6 puts alpha_var > 0 on most batches, so beta_var moves alpha there (gamma = 1.2,
+# the paper's, with the default beta_var). One compiled correction per setting.
+BETA_GAMMA = ((0.0, 0.6), (0.5, 0.6), (1.0, 1.2), (2.0, 0.6))
+ADAPTIVE = {bg: jax.jit(ais.adaptive(beta_var=bg[0], gamma=bg[1])) for bg in BETA_GAMMA}
+REFERENCE_KEYS = ("cv", "alpha_ess", "mismatch", "alpha_mis", "var_ratio", "alpha_var")
 
 
 @SETTINGS
-@hypothesis.given(batch=batches())
-def test_adaptive_matches_float64_reference(batch):
-    out, m = JITTED["adaptive"](*batch)
-    ref_out, ref_alpha = _reference_ais(*batch)
-    np.testing.assert_allclose(np.asarray(out), ref_out, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(float(m["ais/alpha"]), ref_alpha, rtol=1e-5, atol=1e-5)
+@hypothesis.given(batch=batches(), beta_gamma=st.sampled_from(BETA_GAMMA))
+def test_adaptive_matches_float64_reference(batch, beta_gamma):
+    """alpha, the corrected advantages and every diagnostic against `references.ais` (float64,
+    from the raw log-probs) with the drawn beta_var and gamma."""
+    beta_var, gamma = beta_gamma
+    out, m = ADAPTIVE[beta_gamma](*batch)
+    ref = references.ais(*batch, beta_var=beta_var, gamma=gamma)
+    np.testing.assert_allclose(np.asarray(out), ref["advantages"], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(float(m["ais/alpha"]), ref["alpha"], rtol=1e-5, atol=1e-5)
+    if float(m["ais/degenerate"]) == 0:
+        for key in REFERENCE_KEYS:
+            np.testing.assert_allclose(float(m[f"ais/{key}"]), ref[key], rtol=1e-5, err_msg=key)
+
+
+@pytest.mark.parametrize("beta_var", [0.0, 0.5, 1.0, 2.0, 5.0])
+def test_beta_var_scales_the_variance_penalty_in_the_worked_example(beta_var):
+    """The source's worked example (alpha_ess 0.9217, alpha_var 0.0746) at several beta_var:
+    alpha = clip(0.922 - beta_var * 0.075, 0, 1), from 0.922 (beta_var = 0) down to 0.549
+    (beta_var = 5), and A_tilde with it, against the float64 reference."""
+    batch = _w_example("tokens")
+    out, m = ais.adaptive(beta_var=beta_var)(*batch)
+    ref = references.ais(*batch, beta_var=beta_var)
+    assert ref["alpha"] == pytest.approx(0.92172 - beta_var * 0.07459, abs=1e-4)
+    np.testing.assert_allclose(float(m["ais/alpha"]), ref["alpha"], rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(out), ref["advantages"], rtol=1e-6)
 
 
 @pytest.mark.parametrize("name", FACTORIES)
@@ -279,9 +286,6 @@ def test_metric_names_say_which_weights_and_estimator():
     truncated_ess = 1.0 / (1.0 + (np.std(w_bar, ddof=1) / np.mean(w_bar)) ** 2)
     raw_ess = rho.sum() ** 2 / (len(rho) * (rho**2).sum())
     assert float(m["ais/ess_ratio_truncated"]) == pytest.approx(truncated_ess, rel=1e-6)
-    assert float(m["ais/ess_ratio_truncated"]) == pytest.approx(
-        float(m["ais/alpha_ess"]) ** 2, rel=1e-6
-    )
     assert float(m["mismatch/ess_ratio_raw"]) == pytest.approx(raw_ess, rel=1e-6)
     assert abs(truncated_ess - raw_ess) > 0.05
     assert float(m["mismatch/ratio_max"]) == pytest.approx(9.0, rel=1e-6)
@@ -340,16 +344,23 @@ def test_new_values_do_not_recompile(name):
 )
 def test_every_arm_logs_the_diagnostics_of_its_own_settings(arm, factory):
     """The `ais/*` diagnostics of the non-AIS arms use the (clip, delta, gamma, beta_var, eps)
-    they are given, the same values `adaptive` computes with those settings."""
+    they are given: the float64 reference's with those settings, as are AIS's alpha (with
+    beta_var = 0.3) and corrected advantages."""
     batch = make_batch(3, scale=0.1, per_token=True)
     settings = dict(clip=5.0, delta=0.5, gamma=0.5, beta_var=0.3, eps=1e-3)
     _, m = factory(**settings)(*batch)
-    _, expected = ais.adaptive(**settings)(*batch)
+    ref = references.ais(*batch, **settings)
     _, paper = factory()(*batch)
-    for key in ("ais/alpha_ess", "ais/alpha_mis", "ais/alpha_var", "ais/var_ratio", "ais/cv"):
-        assert float(m[key]) == float(expected[key]), key
+    for key in REFERENCE_KEYS:
+        assert float(m[f"ais/{key}"]) == pytest.approx(ref[key], rel=1e-5), key
     assert float(m["ais/alpha_mis"]) < 0.5 * float(paper["ais/alpha_mis"])  # delta matters
     assert float(m["ais/alpha_var"]) > float(paper["ais/alpha_var"]) + 0.1  # gamma matters
+    out, m_ais = ais.adaptive(**settings)(*batch)
+    np.testing.assert_allclose(float(m_ais["ais/alpha"]), ref["alpha"], rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(out), ref["advantages"], rtol=1e-5, atol=1e-6)
+    # beta_var matters: with the paper's beta_var = 1 alpha would differ by far more than 1e-5
+    other = references.ais(*batch, **{**settings, "beta_var": 1.0})
+    assert abs(other["alpha"] - ref["alpha"]) > 1e-2 * ref["alpha"]
 
 
 def test_docstring_examples():
@@ -404,14 +415,6 @@ BANDS = {"token": (0.5, 2.0), "sequence": (0.5, 2.0), "geometric": (0.9, 1.1)}
 POLICY_SEEDS = [0, 1, 2]
 
 
-def _np_logp(theta_FV, features_BTF, tokens_BT):
-    """log softmax(features @ theta)[token] and the full probabilities, float64."""
-    logits_BTV = np.einsum("btf,fv->btv", features_BTF.astype(np.float64), theta_FV)
-    logits_BTV -= logits_BTV.max(-1, keepdims=True)
-    logp_BTV = logits_BTV - np.log(np.exp(logits_BTV).sum(-1, keepdims=True))
-    return np.take_along_axis(logp_BTV, tokens_BT[..., None], -1)[..., 0], np.exp(logp_BTV)
-
-
 def _jax_logp(theta_FV, features_BTF, tokens_BT):
     logits_BTV = jnp.einsum("btf,fv->btv", features_BTF, theta_FV)
     logp_BTV = jax.nn.log_softmax(logits_BTV, axis=-1)
@@ -428,7 +431,7 @@ def policy_batch(seed):
     theta = (0.7 * rng.normal(size=(PF, PV))).astype(np.float32)
     tokens = rng.integers(0, PV, size=(PB, PT))
     theta_old = theta.astype(np.float64) + 0.15 * rng.normal(size=(PF, PV))
-    logp_old = _np_logp(theta_old, features, tokens)[0].astype(np.float32)
+    logp_old = references.softmax_logp(theta_old, features, tokens)[0].astype(np.float32)
     logp_rollout = (logp_old + 0.6 * rng.normal(size=(PB, PT))).astype(np.float32)
     mask = (rng.uniform(size=(PB, PT)) < 0.8).astype(np.float32)
     mask[:, 0] = 1.0
@@ -491,10 +494,8 @@ def reference_corrected_advantages(arm, batch):
     if method in ("uncorrected", "ais_alpha_0"):
         return a_BT
     if method == "ais":
-        out, _ = _reference_ais(
-            batch["advantages"], batch["logp_old"], batch["logp_rollout"], batch["mask"]
-        )
-        return out
+        inputs = (batch[k] for k in ("advantages", "logp_old", "logp_rollout", "mask"))
+        return references.ais(*inputs)["advantages"]
     if method == "ais_alpha_1":  # w_tilde = 1 + 1 * (w_bar - 1) = w_bar: TIS with C = 5
         return np.minimum(np.exp(log_rho_BT), 5.0) * a_BT
     rho_BT = np.exp(_level_log_rho(log_rho_BT, valid_BT, level or "token"))
@@ -513,7 +514,7 @@ def reference_gradients(batch, a_tilde_BT, clip=0.2):
     the active one (n_b: valid tokens of row b, S: rows with any), else 0;
     d logp_new_bt / d theta_fv = features_btf (onehot(token_bt)_v - p_btv).
     """
-    logp_BT, p_BTV = _np_logp(batch["theta"], batch["features"], batch["tokens"])
+    logp_BT, p_BTV = references.softmax_logp(batch["theta"], batch["features"], batch["tokens"])
     ratio_BT = np.exp(logp_BT - batch["logp_old"].astype(np.float64))
     valid_BT = batch["mask"] != 0
     clipped_BT = ((a_tilde_BT > 0) & (ratio_BT > 1 + clip)) | (
@@ -558,9 +559,8 @@ def test_policy_batches_exercise_every_branch(seed):
     a_BT = reference_corrected_advantages("uncorrected", batch)
     grad_logp, _, _ = reference_gradients(batch, a_BT)
     assert (valid & (grad_logp == 0)).sum() >= 3, "no PPO-clipped token"
-    _, alpha = _reference_ais(
-        batch["advantages"], batch["logp_old"], batch["logp_rollout"], batch["mask"]
-    )
+    inputs = (batch[k] for k in ("advantages", "logp_old", "logp_rollout", "mask"))
+    alpha = references.ais(*inputs)["alpha"]
     assert 0.1 < alpha < 0.9, alpha
 
 

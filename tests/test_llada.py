@@ -1,19 +1,15 @@
 """`llada.py` against LLaDA's public reference code, and its own properties.
 
-The reference (GSAI-ML's remote code `modeling_llada.py`) stays outside the package: the fixture
-runs /work/shared/fixtures/llada-reference/make_checkpoint.py in a subprocess (torch +
-transformers), which writes a random LLaDA checkpoint in the hub layout plus token ids and the
-reference's float32 logits. Two configurations: untied head, MHA, ``mlp_ratio`` MLP, an
-embedding wider than the vocabulary; and tied embeddings, GQA (2 kv heads), block groups of 2
-(other tensor names), ``scale_logits`` and ``input_emb_norm``.
-"""
+The reference (GSAI-ML's remote code `modeling_llada.py`) stays outside the repository; its
+outputs are test data in ``tests/data/llada-reference`` (how they were made: its README): two
+random LLaDA checkpoints in the hub layout, each with token ids and the reference's float32
+logits. Two configurations: untied head, MHA, ``mlp_ratio`` MLP, an embedding wider than the
+vocabulary; and tied embeddings, GQA (2 kv heads), block groups of 2 (other tensor names),
+``scale_logits`` and ``input_emb_norm``."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -27,9 +23,8 @@ from ais_jax.hf import CheckpointError
 from ais_jax.llada import LLaDAConfig
 from ais_jax.quant import quantize_fp8
 
-REFERENCE = Path(
-    os.environ.get("LLADA_REFERENCE", "/work/shared/fixtures/llada-reference")
-).resolve()
+DATA = Path(__file__).resolve().parent / "data" / "llada-reference"
+# make_checkpoint.py's overrides the two cases were made with (tests/data/llada-reference)
 CASES = {
     "untied_mha": {"mlp_hidden_size": None, "mlp_ratio": 3, "embedding_size": 384, "n_layers": 3},
     "tied_gqa_groups": {
@@ -46,25 +41,15 @@ _forward = jax.jit(llada.forward, static_argnums=1)
 
 
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory) -> dict[str, Path]:
-    """Both reference checkpoints, built by two concurrent subprocesses."""
-    root = tmp_path_factory.mktemp("llada")
-    script = REFERENCE / "make_checkpoint.py"
-    env = dict(os.environ, HF_MODULES_CACHE=str(root / "hf_modules"))
-    procs = {
-        name: subprocess.Popen(
-            [sys.executable, str(script), str(root / name), json.dumps(over)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=env,
-        )
-        for name, over in CASES.items()
-    }
-    for name, proc in procs.items():
-        out, _ = proc.communicate(timeout=300)
-        assert proc.returncode == 0, f"make_checkpoint.py {name} failed:\n{out[-3000:]}"
-    return {name: root / name for name in CASES}
+def checkpoints() -> dict[str, Path]:
+    """Both reference checkpoints (test data: treat as read-only); missing files fail."""
+    paths = {name: DATA / name for name in CASES}
+    for path in paths.values():
+        for file in (path / "config.json", path / "model.safetensors"):
+            assert file.is_file(), f"test data {file} is missing"
+        for suffix in (".ids.npy", ".logits.npy"):
+            assert Path(f"{path}{suffix}").is_file(), f"test data {path}{suffix} is missing"
+    return paths
 
 
 def reference(path: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -72,7 +57,9 @@ def reference(path: Path) -> tuple[np.ndarray, np.ndarray]:
 
 
 def assert_close(ours, ref):
-    """|ours - ref| <= 1e-4 * max(1, |ref|) everywhere; returns max |diff|."""
+    """|ours - ref| <= 1e-4 * max(1, |ref|) everywhere (the usual float32 parity tolerance;
+    measured max |diff| 3.9e-6 and 8.3e-7 on the two cases, jax 0.10.2 CPU: float32 summation
+    order); returns max |diff|."""
     ours, ref = np.asarray(ours), np.asarray(ref)
     assert ours.shape == ref.shape and np.isfinite(ours).all()
     excess = np.abs(ours - ref) - 1e-4 * np.maximum(1.0, np.abs(ref))
@@ -115,13 +102,18 @@ def test_left_padding_does_not_change_the_logits(checkpoints):
 
 def test_fp8_params_run_the_same_forward(checkpoints):
     """The FP8 W8A8 copy (`quant.quantize_fp8`, model.py's parameter names) goes through the
-    same forward: near the float32 logits (relative RMS error 11% on this random model; BF16's
-    is 1.3%), not equal to them."""
+    same forward: near the float32 logits, not equal to them. Relative RMS error measured
+    0.1396 on this stored model (jax 0.10.2, CPU; BF16's is 0.016). It is a deterministic
+    function of the stored weights up to the few FP8 roundings that a float32 summation order
+    can flip, so the band is that value +-10%: quantizing the weights alone (no activation
+    quantization) gives 0.107 and falls outside it.
+    """
     config, params = llada.load_llada(checkpoints["untied_mha"], dtype=jnp.float32)
     ids, ref = reference(checkpoints["untied_mha"])
     fp8 = np.asarray(_forward(quantize_fp8(params), config, jnp.asarray(ids)))
     err = np.linalg.norm(fp8 - ref) / np.linalg.norm(ref)
-    assert 1e-3 < err < 0.2, err
+    print(f"FP8 relative RMS error {err:.4f}")
+    assert 0.126 < err < 0.154, err  # 0.1396 +- 10%
 
 
 def test_save_then_load_is_the_identity(checkpoints, tmp_path):

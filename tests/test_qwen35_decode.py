@@ -137,12 +137,15 @@ def test_fused_layouts_leave_qwen35_apart(params):
 
 
 def test_bf16_rollout_logp_equals_token_logprobs(params, layout):
-    """BF16 params: the sampling-time log-probs are the trainer's teacher-forced ones (max
-    0.05, mean 5e-3: the Qwen3 test's bounds, about one bf16 ulp of a logit of 4; measured
-    max 5.2e-3, mean 1.6e-4: the decode runs the delta rule token by token, the trainer in
-    chunks, the same float32 sums in another order before the bf16 rounding), under every
-    decode layout, at T = 1 and 0.7. (Float32 decoding is the full forward:
+    """BF16 params: the sampling-time log-probs are the trainer's teacher-forced ones, under
+    every decode layout, at T = 1 and 0.7. The decode runs the delta rule token by token, the
+    trainer in chunks: the same float32 sums in another order before the bf16 rounding. On CPU
+    they agree to float32 rounding: measured max 4.8e-7, mean 1.1e-7 (T = 0.7; bitwise at
+    T = 1; jax 0.10.2), bounded by max 1e-6 and mean 3e-7 (2x and 2.7x). Elsewhere (GPU/TPU
+    GEMMs, not measured here) the bounds are the sampler test's: max 0.05, mean 5e-3, about one
+    bf16 ulp of a logit of 4. (Float32 decoding is the full forward:
     `test_decoding_token_by_token_equals_the_full_forward`.)"""
+    cpu = jax.default_backend() == "cpu"
     p = cast_params(params, jnp.bfloat16)
     for temperature in (1.0, 0.7):
         r = sampler.generate(
@@ -154,7 +157,8 @@ def test_bf16_rollout_logp_equals_token_logprobs(params, layout):
         )
         d = np.abs(np.asarray(lp) - np.asarray(r.logp_plain))[np.asarray(r.mask)]
         print(f"{layout} bf16 T={temperature}: max {d.max():.3g} mean {d.mean():.3g}")
-        assert d.max() <= 0.05 and d.mean() <= 5e-3
+        assert d.max() <= (1e-6 if cpu else 0.05), d.max()
+        assert d.mean() <= (3e-7 if cpu else 5e-3), d.mean()
 
 
 def test_a_group_of_rows_with_one_prompt_is_prefilled_once(params, layout):
@@ -213,7 +217,9 @@ def test_fp8_rollout_quantizes_every_projection(params, monkeypatch):
         cast_params(params, jnp.bfloat16), CONFIG, r.prompt_tokens, r.prompt_mask, r.tokens, r.mask
     )
     gap = np.abs(np.asarray(bf16) - np.asarray(r.logp))[mask].mean()
-    assert 1e-3 < gap < 1.0, gap  # FP8 is not BF16, and not unrelated logits either
+    print(f"fp8 rollout vs bf16 score: mean {gap:.4g}")
+    # FP8 is not BF16, and not unrelated logits either: measured 0.325 (jax 0.10.2 CPU); 2x
+    assert 0.16 < gap < 0.65, gap
 
 
 def test_sampling_options_do_not_recompile(params, layout):

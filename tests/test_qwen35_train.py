@@ -113,7 +113,8 @@ def test_grpo_steps_with_fp8_rollout_and_ais(checkpoint):
     """Three steps of the trainer's phases on the transformers checkpoint: FP8 rollout (every
     projection a `QArray`), BF16 score, AIS-corrected update over 2 minibatches (loss and
     every metric finite, params change, nothing skipped); then the BF16 rollout's log-probs
-    are the BF16 trainer's score (the sampler test's bounds: max 0.05, mean 5e-3)."""
+    are the BF16 trainer's score (on CPU to float32 rounding; elsewhere the sampler test's
+    bounds: max 0.05, mean 5e-3)."""
     config, params = load_hf(checkpoint, dtype=jnp.float32)
     assert isinstance(config, qwen35.Qwen35Config)
     G = 4
@@ -164,7 +165,12 @@ def test_grpo_steps_with_fp8_rollout_and_ais(checkpoint):
     )
     mask = np.asarray(bf16.mask)
     d = np.abs(np.asarray(trainer) - np.asarray(bf16.logp_plain))[mask]
-    assert mask.sum() >= B and d.max() <= 0.05 and d.mean() <= 5e-3, (d.max(), d.mean())
+    print(f"bf16 rollout vs bf16 score: max {d.max():.3g} mean {d.mean():.3g}")
+    assert mask.sum() >= B
+    if jax.default_backend() == "cpu":  # measured max 1.2e-7 (jax 0.10.2): 3x margin
+        assert d.max() <= 3.6e-7, d.max()
+    else:  # GPU/TPU GEMMs (not measured here): the sampler test's bounds
+        assert d.max() <= 0.05 and d.mean() <= 5e-3, (d.max(), d.mean())
 
 
 def test_the_notebooks_api_on_a_qwen35_checkpoint(checkpoint):
@@ -218,9 +224,12 @@ def test_compare_trains_qwen35_arms_from_one_start(tmp_path):
     rows = {arm: read_metrics(out / arm / "seed0" / "metrics.jsonl") for arm in ("bf16", "fp8_ais")}
     assert all(len(r) == 2 for r in rows.values())
     # the BF16 sampler decodes token by token, the trainer runs the chunked rule: equal up to
-    # float32 summation order, so ~1e-5 nats apart (measured) where FP8 is ~3e-3 apart
+    # float32 summation order. Measured (jax 0.10.2 CPU): BF16 3.6e-6 nats apart, FP8 2.9e-3;
+    # bounds 1e-5 and 1e-3 (2.8x and 2.9x). Off CPU (not measured): BF16 below 1e-4.
     bf16, fp8 = (max(r["mismatch/mean_abs"] for r in rows[a]) for a in ("bf16", "fp8_ais"))
-    assert bf16 < 1e-4 and fp8 > 10 * max(bf16, 1e-4), (bf16, fp8)
+    print(f"mismatch/mean_abs: bf16 {bf16:.3g}, fp8 {fp8:.3g}")
+    assert bf16 < (1e-5 if jax.default_backend() == "cpu" else 1e-4), bf16
+    assert fp8 > max(1e-3, 10 * bf16), (bf16, fp8)
     assert all(r["train/skipped_steps"] == 0 for r in rows["fp8_ais"])
     start = {
         json.loads((out / a / "seed0" / "start.json").read_text())["sha256"]

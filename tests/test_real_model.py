@@ -1,8 +1,9 @@
 """The real-model path end to end, at Qwen3's real vocabulary (151,936) with its real tokenizer.
 
 `python -m ais_jax.tools.random_qwen3` (run in-process through its ``main``) writes a random
-two-layer, hidden-64 Qwen3 checkpoint around the real Qwen3 tokenizer files (the fixture of
-tests/test_chat_template.py); a made-up GSM8K JSONL of a dozen lines is the data. Then the
+two-layer, hidden-64 Qwen3 checkpoint around the real Qwen3 tokenizer files
+(``tests/data/qwen3-tokenizer``, as in tests/test_chat_template.py); a made-up GSM8K JSONL of
+a dozen lines is the data. Then the
 commands a user runs, in-process through `ais_jax.cli.main`: ``train --config
 configs/qwen3_0p6b_gsm8k.yaml --set ...`` for 2 GRPO steps (FP8 rollouts, AIS, as configured),
 ``eval`` (pass@1 / mean@k / maj@k, per-example JSONL), ``sample`` (the prompt ids the sampler
@@ -49,11 +50,6 @@ RUN_SETTINGS = [
     "optim.minibatches=1",
     "task.eval_examples=4",
 ]
-
-pytestmark = pytest.mark.skipif(
-    not (FIXTURE / "tokenizer.json.gz").is_file(),
-    reason=f"the real Qwen3 tokenizer files are not at {FIXTURE} (set AIS_JAX_QWEN3_TOKENIZER)",
-)
 
 
 def gsm8k_lines() -> str:

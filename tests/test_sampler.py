@@ -188,8 +188,9 @@ def test_fp8_logp_is_the_sampled_distribution(params, layout, act_scaling):
     """FP8 params: `logp` is the log-softmax of the logits the sampler used (replayed decode,
     1e-5). A teacher-forced FP8 re-score gives exactly the sampling-time log-probs with
     per-token activation scaling (each token's scale depends on that token alone); with
-    per-tensor scaling the prefill-vs-decode amax differs, and the gap is bounded by what was
-    measured on this model (mean 0.097, max 0.36) with headroom: mean <= 0.25, max <= 1."""
+    per-tensor scaling the prefill-vs-decode amax differs, and the gap is what was measured on
+    this model, the same under every layout (mean 0.0972, max 0.359; jax 0.10.2 CPU), within
+    a factor 1.5 above (mean <= 0.15, max <= 0.55) and 2 below (mean > 0.05)."""
     q = quantize_fp8(params, act_scaling=act_scaling)
     assert isinstance(q["layers"]["q_proj"], QArray)
     r = sampler.generate(q, CONFIG, PROMPTS, KEY, max_new_tokens=T, eos_ids=EOS_IDS, layout=layout)
@@ -210,7 +211,7 @@ def test_fp8_logp_is_the_sampled_distribution(params, layout, act_scaling):
     if act_scaling == "token":
         np.testing.assert_array_equal(np.where(r.mask, rescore, 0), np.where(r.mask, r.logp, 0))
     else:
-        assert 0 < mean_rs <= 0.25 and worst_rs <= 1.0, (mean_rs, worst_rs)
+        assert 0.05 < mean_rs <= 0.15 and worst_rs <= 0.55, (mean_rs, worst_rs)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -30,6 +30,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+import references
 from training_run import MODEL, TINY_RUN
 
 from ais_jax import model
@@ -139,8 +140,6 @@ def test_arm_metrics_present_and_finite(arm_run, name):
         assert 0 <= row["reward/mean"] <= 1 and row["reward/std"] >= 0
         assert 1 <= row["response/length_mean"] <= cfg.rollout.max_new_tokens
         assert row["policy/entropy"] > 0
-        assert 0 <= row["ais/alpha"] <= 1 and 0 < row["ais/ess_ratio_truncated"] <= 1
-        assert row["mismatch/k3"] >= 0 and row["mismatch/mean_abs"] >= 0
         assert row["time/rollout_s"] > 0 and row["time/update_s"] > 0
         if cfg.loss.kl_coef == 0:
             assert row["loss/kl"] == 0
@@ -242,8 +241,10 @@ def test_sampled_evaluation_draws_from_the_runs_seed(tmp_path, monkeypatch):
 def test_corrections_behave_as_documented(arm_run):
     """Each arm's weights, seen through the whole training step (one minibatch per step, so
     the logged values are the minibatch's): uncorrected arms weight every token 1; TIS caps
-    the largest raw ratio at C; AIS applies w = 1 + alpha (min(rho, C) - 1) with the alpha its
-    logged diagnostics give; MIS keeps (1) or drops (0) tokens."""
+    the largest raw ratio at C; AIS applies w = 1 + alpha (min(rho, C) - 1) with the
+    alpha it logged (alpha itself against the float64 reference:
+    `test_every_arm_logs_diagnostics_with_the_configured_settings`); MIS keeps (1) or drops (0)
+    tokens."""
     clip = CorrectionConfig().clip
     for name in ("bf16", "fp8_none"):
         for row in arm_run(name)[3]:
@@ -254,14 +255,15 @@ def test_corrections_behave_as_documented(arm_run):
         assert row["is/weight_max"] == pytest.approx(min(row["mismatch/ratio_max"], clip))
     for name in ("fp8_ais", "fp4_ais", "fp8_token_ais"):
         for row in arm_run(name)[3]:
-            gates = row["ais/alpha_ess"] - CorrectionConfig().beta_var * row["ais/alpha_var"]
-            alpha = min(max(gates, 0.0), 1.0) * row["ais/alpha_mis"]
-            assert row["ais/degenerate"] == 0 and row["ais/alpha"] == pytest.approx(alpha)
+            assert row["ais/degenerate"] == 0
             w_max = 1 + row["ais/alpha"] * (min(row["mismatch/ratio_max"], clip) - 1)
             assert row["is/weight_max"] == pytest.approx(w_max, rel=1e-6)
-    for row in arm_run("fp8_mis")[3]:
+    mis_rows = arm_run("fp8_mis")[3]
+    for row in mis_rows:
         assert row["ais/alpha"] == 1 and row["is/weight_max"] in (0.0, 1.0)
-        assert row["loss/kl"] >= 0
+    # the KL term sees a frozen reference the policy moves away from (k3 >= 0 holds anyway;
+    # measured 0.003 to 0.054 per step); its gradient: tests/test_grpo.py
+    assert all(row["loss/kl"] > 1e-3 for row in mis_rows[1:]), [r["loss/kl"] for r in mis_rows]
 
 
 # ---- the update phase: metric reductions and the correction's settings --------------------------
@@ -382,29 +384,32 @@ def test_update_reduces_maxima_over_minibatches_by_max():
     assert float(metrics["is/weight_max"]) == pytest.approx(clip, rel=1e-6)
 
 
-@pytest.mark.parametrize("method", ["none", "tis", "mis"])
-def test_non_ais_arms_log_diagnostics_with_the_configured_settings(method):
+@pytest.mark.parametrize("method", ["none", "tis", "mis", "ais"])
+def test_every_arm_logs_diagnostics_with_the_configured_settings(method):
     """The AIS diagnostics every arm logs use the configured delta, gamma, beta_var, eps (not
-    the paper's): alpha_mis = min(1, mean|d| / delta), alpha_var = max(0, (Delta_sig - gamma) /
-    gamma), Delta_sig = std(A w_bar) / (std(A) + eps) with ddof 1, against float64. With the
-    paper's delta = 0.02 alpha_mis would be 1 here; with delta = 0.5 it is mean|d| / 0.5."""
+    the paper's), and AIS's alpha and weights follow from them: every value against
+    `references.ais` (float64, from the batch's raw log-probs and advantages). With the
+    paper's delta = 0.02 alpha_mis would be 1 here; with delta = 0.5 it is mean|d| / 0.5. With
+    beta_var = 0.5 alpha is 0.21; with the default beta_var = 1 it would be clipped to 0."""
     settings = dict(delta=0.5, gamma=0.6, beta_var=0.5, eps=1e-3)
+    clip = CorrectionConfig().clip
     phases, state, batch, d = _update_inputs(
         CorrectionConfig(method=method, **settings), minibatches=1, ppo_epochs=1
     )
     _, metrics = phases.update(state, batch, jax.random.key(3))
-    valid = batch.mask
-    mismatch = np.abs(d[valid]).mean()
-    w_bar = np.minimum(np.exp(d), CorrectionConfig().clip)
-    adv = np.broadcast_to(batch.advantages[:, None], d.shape).astype(np.float64)
-    var_ratio = np.std(adv[valid] * w_bar[valid], ddof=1) / (
-        np.std(adv[valid], ddof=1) + settings["eps"]
-    )
-    assert min(1.0, mismatch / 0.02) == 1.0 and mismatch / settings["delta"] < 1
-    assert float(metrics["ais/alpha_mis"]) == pytest.approx(mismatch / settings["delta"], rel=1e-5)
-    assert float(metrics["ais/var_ratio"]) == pytest.approx(var_ratio, rel=1e-5)
-    alpha_var = max(0.0, (var_ratio - settings["gamma"]) / settings["gamma"])
-    assert alpha_var > 0 and float(metrics["ais/alpha_var"]) == pytest.approx(alpha_var, rel=1e-5)
+    inputs = (batch.advantages, batch.logp_old, batch.logp_rollout, batch.mask)
+    ref = references.ais(*inputs, clip=clip, **settings)
+    assert min(1.0, ref["mismatch"] / 0.02) == 1.0 and ref["alpha_mis"] < 1
+    assert ref["alpha_var"] > 0 and 0.1 < ref["alpha"] < 0.9, ref
+    for key in ("cv", "alpha_ess", "mismatch", "alpha_mis", "var_ratio", "alpha_var"):
+        assert float(metrics[f"ais/{key}"]) == pytest.approx(ref[key], rel=1e-5), key
+    if method == "ais":
+        assert float(metrics["ais/alpha"]) == pytest.approx(ref["alpha"], rel=1e-5)
+        paper_beta = references.ais(*inputs, clip=clip, **{**settings, "beta_var": 1.0})
+        assert paper_beta["alpha"] == 0.0  # so beta_var is what keeps alpha above 0 here
+        w = 1 + ref["alpha"] * (np.minimum(np.exp(d[batch.mask]), clip) - 1)
+        assert float(metrics["is/weight_mean"]) == pytest.approx(w.mean(), rel=1e-5)
+        assert float(metrics["is/weight_max"]) == pytest.approx(w.max(), rel=1e-5)
 
 
 def _on_policy_batch(rng, prompt, prompt_mask, tokens, mask, logp_old):
