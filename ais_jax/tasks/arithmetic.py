@@ -112,7 +112,10 @@ class Arithmetic:
             question = f"What is {a} {op} {b}? {self.instruction}".strip()
             messages = ({"role": "user", "content": question},)
         return Example(
-            prompt=f"{a}{op}{b}=", answer=str(result), demonstration=demonstration, messages=messages
+            prompt=f"{a}{op}{b}=",
+            answer=str(result),
+            demonstration=demonstration,
+            messages=messages,
         )
 
     def reward(self, example: Example, response: str) -> float:

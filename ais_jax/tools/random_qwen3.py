@@ -5,7 +5,7 @@ that every part of the real-model path reads as it would read Qwen3-0.6B (``ais-
 --set model.checkpoint=DIR``, ``eval``, ``sample --checkpoint``, ``export-hf``,
 ``transformers.AutoModelForCausalLM.from_pretrained``), at any size::
 
-    python -m ais_jax.tools.random_qwen3 --tokenizer ../shared/fixtures/qwen3-tokenizer \\
+    python -m ais_jax.tools.random_qwen3 --tokenizer tests/data/qwen3-tokenizer \\
         --out /tmp/qwen3-random --layers 2 --hidden 64          # 10M parameters, 39 MB
     python -m ais_jax.tools.random_qwen3 --tokenizer DIR --out DIR --preset qwen3-0.6b
 
