@@ -3,12 +3,14 @@
     ais-jax train     [--config F] [--set k=v ...] [--out DIR] [--resume [--resume-fallback]]
     ais-jax eval      --run DIR [--step N] [--data FILE] [--examples N] [--k 4] [--temperature T]
                       [--out F]
-    ais-jax sample    (--run DIR [--step N] | --checkpoint HF_DIR) --prompt TEXT [--n N]
-                      [--format F]
+    ais-jax sample    (--run DIR [--step N] | --checkpoint HF_DIR) --prompt TEXT [--n 4]
+                      [--format bf16] [--thinking on|off] [--temperature 1] [--max-new-tokens N]
+                      [--seed 0]
     ais-jax export-hf --run DIR [--step N] --to HF_DIR
     ais-jax compare   [--config F] [--seeds 5] [--arms bf16,fp8,fp4,fp4+tis,fp4+ais,fp4+mis]
                       [--vary-sft | --start RUN_DIR[@STEP]] [--set k=v ...] [--out DIR]
-    ais-jax plan      --model qwen3-8b [--mesh data=1,fsdp=8,tensor=1] ...
+    ais-jax plan      [--model qwen3-8b] [--mesh data=1,fsdp=1,tensor=1] [--batch 64]
+                      [--seq 2048] [--gen-length N]
     ais-jax --help | --version
 
 `train` with no arguments runs the embedded default (configs/quickstart.yaml, shipped in the
@@ -441,7 +443,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--temperature", type=float, default=1.0)
     s.add_argument("--max-new-tokens", type=int, default=None)
-    s.add_argument("--format", default="bf16", help="bf16 or a quant format (float8_e4m3fn...)")
+    s.add_argument(
+        "--format",
+        default="bf16",
+        help="bf16 (default) or a quant format (float8_e4m3fn...): a --run samples in this, not "
+        "its rollout.format (an FP8 run samples in BF16 unless given float8_e4m3fn)",
+    )
     s.add_argument(
         "--thinking",
         choices=["on", "off"],

@@ -240,7 +240,8 @@ def format_table(rows: dict[str, Row], title: str) -> str:
 
 
 def main(args) -> int:
-    """``ais-jax plan --model NAME --mesh data=D,fsdp=F,tensor=T --batch B --seq S``."""
+    """``ais-jax plan [--model NAME] [--mesh data=D,fsdp=F,tensor=T] [--batch B] [--seq S]
+    [--gen-length T]`` (defaults: qwen3-8b, data=1,fsdp=1,tensor=1, 64, 2048, T = S)."""
     for option, value in (("--batch", args.batch), ("--seq", args.seq)):
         if not 1 <= value < 2**31:
             raise ValueError(f"{option} {value} is invalid: must be an integer in [1, 2**31).")
@@ -253,7 +254,7 @@ def main(args) -> int:
             "needs a device count)."
         )
     sizes = {n: getattr(mesh, n) for n in shd.AXES}
-    gen_length = getattr(args, "gen_length", None)  # no such CLI flag yet: T = S
+    gen_length = getattr(args, "gen_length", None)  # --gen-length; None (or absent): T = S
     rows = plan_memory(config, sizes, batch=args.batch, seq=args.seq, gen_length=gen_length)
     title = (
         f"ais-jax plan: {args.model} ({config.num_params / 1e9:.2f}B parameters) on "

@@ -136,6 +136,7 @@ def test_beta_var_scales_the_variance_penalty_in_the_worked_example(beta_var):
     np.testing.assert_allclose(np.asarray(out), ref["advantages"], rtol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", FACTORIES)
 @SETTINGS
 @hypothesis.given(batch=batches())
@@ -146,6 +147,7 @@ def test_on_policy_returns_advantages_bitwise(name, batch):
     assert float(m["mismatch/mean_abs"]) == 0.0 and float(m["mismatch/k3"]) == 0.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", FACTORIES)
 @SETTINGS
 @hypothesis.given(batch=batches(), junk=st.sampled_from([1e4, -1e4, np.inf, -np.inf, np.nan]))
@@ -179,6 +181,7 @@ def _edge_case(case, batch):
     return advantages, logp_train, logp_rollout, mask
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", EDGE_CASES)
 @pytest.mark.parametrize("name", FACTORIES)
 @SETTINGS
@@ -218,6 +221,7 @@ def test_adaptive_alpha_zero_is_uncorrected_and_alpha_one_is_truncated(batch):
     assert float(m1["ais/alpha"]) == 1.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", FACTORIES)
 def test_no_gradient_flows_through_a_correction(name):
     advantages, logp_train, logp_rollout, mask = make_batch(0, scale=1.0, per_token=True)
@@ -319,6 +323,7 @@ def test_vmap_over_mini_batches_gives_one_alpha_each():
     assert len(set(np.round(np.asarray(m["ais/alpha"]), 6).tolist())) == 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", FACTORIES)
 def test_new_values_do_not_recompile(name):
     traces = []
@@ -564,6 +569,7 @@ def test_policy_batches_exercise_every_branch(seed):
     assert 0.1 < alpha < 0.9, alpha
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", POLICY_SEEDS)
 @pytest.mark.parametrize("arm", POLICY_ARMS)
 def test_each_correction_moves_the_gradient_as_its_formula_says(arm, seed):
@@ -590,6 +596,7 @@ def test_each_correction_moves_the_gradient_as_its_formula_says(arm, seed):
         assert np.abs(ref_theta - plain_theta).max() > 100 * 1e-5 * scale.max()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", POLICY_SEEDS)
 def test_uncorrected_and_alpha_zero_leave_the_update_bitwise_unchanged(seed):
     """`uncorrected()` and AIS with alpha forced to 0 (w_tilde = 1 + 0 (w_bar - 1) = 1 exactly)
@@ -601,6 +608,7 @@ def test_uncorrected_and_alpha_zero_leave_the_update_bitwise_unchanged(seed):
             np.testing.assert_array_equal(got, expected)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", POLICY_SEEDS)
 def test_tis_gradient_is_the_gradient_with_clipped_weights_on_advantages(seed):
     """TIS: the gradient equals the uncorrected loss's gradient with per-token advantages
@@ -631,6 +639,7 @@ def test_tis_gradient_is_the_gradient_with_clipped_weights_on_advantages(seed):
     assert np.abs(tis5_logp - plain_logp).max() > 100 * 2**-22 * np.abs(plain_logp).max()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", POLICY_SEEDS)
 @pytest.mark.parametrize("level", ais.LEVELS)
 def test_mis_gradient_drops_exactly_the_tokens_outside_the_band(seed, level):

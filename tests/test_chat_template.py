@@ -181,6 +181,7 @@ CONVERSATIONS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(CONVERSATIONS))
 def test_rendering_equals_transformers(both, name):
     ours, theirs = both
@@ -194,6 +195,7 @@ def test_rendering_equals_transformers(both, name):
     assert ours.decode(ids, skip_special=False) == unicodedata.normalize("NFC", text)
 
 
+@pytest.mark.slow
 def test_the_conversations_cover_what_matters(both):
     """Guards the list above against losing what it is for (each must change the rendering)."""
     ours, _ = both
@@ -215,6 +217,7 @@ def test_the_conversations_cover_what_matters(both):
     )  # read as special tokens, as transformers does
 
 
+@pytest.mark.slow
 def test_task_prompts_render_like_transformers(both, tmp_path):
     ours, theirs = both
     gsm = tmp_path / "gsm8k.jsonl"
@@ -248,6 +251,7 @@ def test_task_prompts_render_like_transformers(both, tmp_path):
         assert (prompts[0, :3] == ours.pad_id).all()
 
 
+@pytest.mark.slow
 def test_eos_and_pad_ids(qwen3, both, tmp_path):
     """Qwen3 stops on <|im_end|> and <|endoftext|> (generation_config.json), <|im_end|> first:
     the tokenizer config's eos_token, what transformers calls eos_token_id."""
@@ -260,6 +264,7 @@ def test_eos_and_pad_ids(qwen3, both, tmp_path):
     assert (bare.eos_ids, bare.pad_id) == ((IM_END,), ENDOFTEXT)  # tokenizer_config.json alone
 
 
+@pytest.mark.slow
 def test_chat_template_jinja_file_wins(qwen3, tmp_path):
     """chat_template.jinja beats tokenizer_config.json in both libraries. The template puts
     block tags on their own indented lines, so trim_blocks / lstrip_blocks decide the output
@@ -281,6 +286,7 @@ def test_chat_template_jinja_file_wins(qwen3, tmp_path):
     assert text == theirs.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
+@pytest.mark.slow
 def test_named_template_list_and_missing_template(qwen3, tmp_path):
     folder = Path(shutil.copytree(qwen3, tmp_path / "named"))
     config = json.loads((folder / "tokenizer_config.json").read_text())
@@ -308,6 +314,7 @@ def test_named_template_list_and_missing_template(qwen3, tmp_path):
         tok.apply_chat_template([USER])
 
 
+@pytest.mark.slow
 def test_template_errors_name_the_template(qwen3, tmp_path):
     folder = Path(shutil.copytree(qwen3, tmp_path / "errors"))
     jinja = folder / "chat_template.jinja"

@@ -86,6 +86,7 @@ def error_line(capsys) -> str:
 # ---- train --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_train_writes_the_outputs(trained, config_file):
     out = trained["out"]
     assert trained["code"] == 0
@@ -101,6 +102,7 @@ def test_train_writes_the_outputs(trained, config_file):
     assert sorted(int(p.name) for p in (out / "checkpoints").iterdir()) == [0, 4]
 
 
+@pytest.mark.slow
 def test_resume_of_an_empty_directory_starts_fresh_with_a_warning(trained):
     warnings = [r.getMessage() for r in trained["records"] if r.levelno == logging.WARNING]
     assert any("no checkpoint" in w and str(trained["out"]) in w for w in warnings), warnings
@@ -108,6 +110,7 @@ def test_resume_of_an_empty_directory_starts_fresh_with_a_warning(trained):
     assert "initial/eval/accuracy" in summary and "sft/final_loss" in summary  # SFT ran
 
 
+@pytest.mark.slow
 def test_train_into_a_finished_run_without_resume_is_refused(trained, config_file, capsys):
     before = (trained["out"] / "metrics.jsonl").read_text()
     code = main(
@@ -122,6 +125,7 @@ def test_train_into_a_finished_run_without_resume_is_refused(trained, config_fil
 # ---- eval, sample, export-hf --------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_eval_of_a_finished_run_matches_its_summary(trained, capsys):
     """`eval`'s greedy draws and first sample are the run's final evaluation's (same prompts,
     batch and keys), so Run.evaluate's metrics come out equal; the default out file holds
@@ -142,6 +146,7 @@ def test_eval_of_a_finished_run_matches_its_summary(trained, capsys):
     assert json.loads(capsys.readouterr().out)["eval/examples"] == 3
 
 
+@pytest.mark.slow
 def test_eval_at_k_rows_reproduce_the_printed_metrics(trained, tmp_path, capsys):
     """pass@1, mean@k, maj@k and pass@k recomputed from the per-example JSONL (by NumPy and
     an explicit vote) equal the printed ones; the intervals are Wilson / Student t."""
@@ -178,6 +183,7 @@ def test_eval_at_k_rows_reproduce_the_printed_metrics(trained, tmp_path, capsys)
         assert result[name]["low"] <= result[name]["value"] <= result[name]["high"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "argv, fragments",
     [
@@ -193,6 +199,7 @@ def test_eval_option_errors(trained, capsys, argv, fragments):
         assert fragment in line, line
 
 
+@pytest.mark.slow
 def test_eval_data_needs_a_file_task(trained, tmp_path, capsys):
     data = tmp_path / "test.jsonl"
     data.write_text('{"question": "1+1?", "answer": "#### 2"}\n')
@@ -201,6 +208,7 @@ def test_eval_data_needs_a_file_task(trained, tmp_path, capsys):
     assert "'arithmetic' is generated" in line and "gsm8k, math" in line
 
 
+@pytest.mark.slow
 def test_sample_from_a_finished_run(trained, capsys):
     argv = [
         "sample",
@@ -228,12 +236,14 @@ def test_sample_from_a_finished_run(trained, capsys):
     assert capsys.readouterr().out == first  # the seed fixes the samples
 
 
+@pytest.mark.slow
 def test_sample_with_a_character_outside_the_vocabulary(trained, capsys):
     code = main(["sample", "--run", str(trained["out"]), "--prompt", "12+3=?"])
     assert code == 2
     assert "'?'" in error_line(capsys)
 
 
+@pytest.mark.slow
 def test_export_hf_round_trips_the_params(trained, tmp_path, capsys):
     hf_dir = tmp_path / "hf"
     assert main(["export-hf", "--run", str(trained["out"]), "--to", str(hf_dir)]) == 0
@@ -307,6 +317,7 @@ def test_eval_of_a_directory_that_is_not_a_run(tmp_path, capsys):
     assert str(tmp_path) in line and "not a training run directory" in line
 
 
+@pytest.mark.slow
 def test_console_script_reports_errors_without_a_traceback(tmp_path):
     """The installed `ais-jax` entry point, as a user runs it."""
     script = Path(sys.executable).parent / "ais-jax"
@@ -324,6 +335,7 @@ def test_console_script_reports_errors_without_a_traceback(tmp_path):
     assert proc.stderr.strip().splitlines()[-1].startswith("ais-jax train: error: rollout.")
 
 
+@pytest.mark.slow
 def test_resume_without_config_continues_the_runs_own_config(trained, tmp_path, capsys):
     """`train --out DIR --resume` reads DIR/config.yaml, not the embedded quickstart."""
     import shutil
@@ -338,6 +350,7 @@ def test_resume_without_config_continues_the_runs_own_config(trained, tmp_path, 
     assert resumed.model.num_layers == 1 and resumed.steps == 5
 
 
+@pytest.mark.slow
 def test_resume_under_another_config_is_refused_naming_the_settings(
     trained, config_file, tmp_path, capsys
 ):

@@ -312,6 +312,7 @@ def _check_other_starts(out: Path, tmp_path: Path) -> None:
     assert [r["start_sha256"] for r in results["runs"]["bf16"]] == digests
 
 
+@pytest.mark.slow
 def test_comparison(tmp_path, caplog, capsys):
     """One test, so that pytest-xdist runs the comparison once, on one worker."""
     out = tmp_path / "cmp"

@@ -28,6 +28,8 @@ from ais_jax.cli import main
 from ais_jax.compare import parse_arm
 from ais_jax.config import TrainConfig, dump_config, from_dict
 
+pytestmark = pytest.mark.slow  # every test reads a run the module fixture trains
+
 ARM = parse_arm("bf16")
 # ``python -c WORKER ARGV`` is ``ais-jax ARGV``, $REPEAT times over in one process (default
 # once). With $HELD_READS set, every array read that succeeds is held in flight (in tensorstore,

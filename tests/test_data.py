@@ -198,6 +198,7 @@ def test_data_module_does_not_import_jax():
     assert not any(name == "jax" or name.startswith("jax.") for name in imported)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "task",
     [Arithmetic(ops=("+", "-"), min_digits=1, max_digits=1), Arithmetic(ops=("+",), max_digits=2)],
@@ -268,6 +269,7 @@ def test_prompts_are_left_padded_and_responses_right_padded_with_eos():
     np.testing.assert_array_equal(data.encode_prompts(tok, [chat, "10+20="], 8)[0], prompts)
 
 
+@pytest.mark.slow
 def test_trimming_drops_only_padding_and_keeps_the_log_probs():
     """The SFT batch without the columns no row uses: a power-of-two width, every valid token
     kept, and the same response log-probs as the padded batch (positions come from the mask)."""

@@ -144,6 +144,7 @@ def run(params, shape, temperature=0.0, remasking="low_confidence", prompts=PROM
 # ---- generation -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_greedy_is_llada_generate(params):
     """Temperature 0, low-confidence remasking: token for token LLaDA's algorithm (two blocks
     of 8 tokens, 3 steps each transferring 3, 3, 2: `get_num_transfer_tokens`'s remainder)."""
@@ -172,6 +173,7 @@ def test_greedy_is_llada_generate(params):
     np.testing.assert_array_equal(other.tokens, r.tokens)
 
 
+@pytest.mark.slow
 def test_sampling_options_do_not_recompile(params):
     """temperature and the remasking choice are runtime values: one compiled program for all
     four combinations, each token for token the reference with the same noise."""
@@ -191,6 +193,7 @@ def test_sampling_options_do_not_recompile(params):
     assert all((s != greedy).any() for s in seen)  # each option changed the result
 
 
+@pytest.mark.slow
 def test_rows_do_not_depend_on_padding_or_batch_mates(params):
     """Greedy: permuting the rows permutes the rollouts. Greedy and sampled: more left padding
     (same batch, so the same noise) changes no token."""
@@ -206,6 +209,7 @@ def test_rows_do_not_depend_on_padding_or_batch_mates(params):
         np.testing.assert_array_equal(long.tokens, short.tokens)
 
 
+@pytest.mark.slow
 def test_text_is_cut_at_the_first_eos(params):
     """LLaDA fills all T positions; the rollout keeps each row up to its first EOS id."""
     shape = SHAPE
@@ -224,6 +228,7 @@ def test_text_is_cut_at_the_first_eos(params):
     assert np.all(np.asarray(r.logp)[~mask] == 0.0)
 
 
+@pytest.mark.slow
 def test_fp8_rollout_runs_through_the_same_linear(params):
     """FP8 W8A8 params (`quantize_fp8`) generate with the same code; the rollout's logp is
     `one_step_logp` of those params on its ``logp_key``."""
@@ -237,6 +242,7 @@ def test_fp8_rollout_runs_through_the_same_linear(params):
     np.testing.assert_array_equal(r.logp_plain, r.logp)
 
 
+@pytest.mark.slow
 def test_fp8_codes_are_widened_once_before_the_loop(params, monkeypatch):
     """On CPU the denoising loop reads the FP8 codes as bfloat16 (`quant.widen_codes`, once
     before the loop): its program holds fewer one-layer FP8 weights (``[1, O, I]`` slices)
@@ -317,6 +323,7 @@ def test_estimator_is_one_forward_on_the_masked_input(params):
     assert not bool(ds.masked_prompt(key, many, 0.0).any())
 
 
+@pytest.mark.slow
 def test_same_weights_and_key_give_a_ratio_of_exactly_one(params):
     """logp_rollout and logp_train on the same key with identical weights and precision:
     exp(logp_train - logp_rollout) == 1 bitwise, BF16 and FP8 alike; a new key is a new mask
@@ -335,6 +342,7 @@ def test_same_weights_and_key_give_a_ratio_of_exactly_one(params):
     np.testing.assert_array_equal(masks[0], ds.masked_prompt(key, prompt_mask, 0.15))
 
 
+@pytest.mark.slow
 def test_fp8_versus_bf16_on_the_same_mask_is_a_small_mismatch(params):
     """FP8 rollout params vs the BF16 trainer's on one key: the log-ratio is the precision
     mismatch alone: nonzero, small (mean |dlogp| is printed)."""

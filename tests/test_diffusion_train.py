@@ -110,6 +110,7 @@ def reference_loss(params, batch, key, eps=1e-3, t_B=None):
     return total / max(rows, 1), masked, logp
 
 
+@pytest.mark.slow
 def test_loss_equals_the_float64_reference(params):
     loss, metrics = _loss(params, CONFIG, BATCH, KEY)
     ref, masked, logp = reference_loss(params, BATCH, KEY)
@@ -131,6 +132,7 @@ def test_loss_equals_the_float64_reference(params):
     assert float(_loss(params, CONFIG, BATCH, other)[0]) != float(loss)
 
 
+@pytest.mark.slow
 def test_gradient_is_finite_and_nonzero(params):
     loss, grads = _loss_and_grad(params, BATCH, KEY)
     assert float(loss) == float(_loss(params, CONFIG, BATCH, KEY)[0])
@@ -163,6 +165,7 @@ def test_t_one_masks_every_response_token_and_gives_the_mean_ce(params):
     )
 
 
+@pytest.mark.slow
 def test_padding_contributes_nothing(params):
     # same shapes, other ids under the padding: identical loss and gradient for any key
     junk = make_batch(PROMPTS, RESPONSES, junk=44)
@@ -186,6 +189,7 @@ def test_errors_name_the_value(params):
         dt.sft_loss(params, CONFIG, BATCH, KEY, eps=0)
 
 
+@pytest.mark.slow
 def test_thirty_adamw_steps_learn_a_fixed_batch(params):
     """A learning check: the fully masked (t = 1) loss on the batch, a deterministic measure,
     falls by more than half after 30 steps with new masks each step."""

@@ -193,6 +193,7 @@ def _reference_logits(gguf_path: Path, tokens: np.ndarray) -> np.ndarray:
         return model(torch.as_tensor(tokens)).logits.numpy()
 
 
+@pytest.mark.slow
 def test_float32_gguf_loads_to_the_tensors_it_was_written_from(llama_dir, tmp_path):
     """The un-permutation and the name table, against the directory itself: bit for bit."""
     path = write_gguf(llama_dir, tmp_path / "model.gguf")
@@ -203,6 +204,7 @@ def test_float32_gguf_loads_to_the_tensors_it_was_written_from(llama_dir, tmp_pa
     jax.tree.map(np.testing.assert_array_equal, params, want)
 
 
+@pytest.mark.slow
 def test_quantized_gguf_logits_match_transformers(llama_dir, tmp_path):
     path = write_gguf(llama_dir, tmp_path / "model.gguf", types=MIXED)
     config, params = load_hf(path, dtype=jnp.float32)

@@ -265,6 +265,7 @@ def _jax_kl_gradients(features, tokens, theta, theta_old, theta_ref, adv, mask, 
         return [np.asarray(g) for g in grads]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("aggregation", AGGREGATIONS)
 def test_kl_gradient_matches_float64_reference(aggregation, seed):

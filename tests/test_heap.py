@@ -65,6 +65,7 @@ def _faults_per_call(mode: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_reuse_freed_memory_keeps_a_calls_temporaries_for_the_next():
     """Under glibc's defaults every call of a program with 40 MiB of temporaries faults all of
     their pages in anew (XLA:CPU frees them at the end of each call, glibc unmaps them); once

@@ -141,6 +141,7 @@ def assert_trees_bitwise_equal(a, b):
 # ---- parity with transformers -------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @ALL_CASES
 def test_float32_parity_on_left_padded_batch(ckpt, case):
     config, params = load_hf(ckpt, dtype=jnp.float32)
@@ -152,6 +153,7 @@ def test_float32_parity_on_left_padded_batch(ckpt, case):
     print(f"\n[parity f32] {case}: max |diff| {worst:.3g}, max |ref| {np.abs(ref[mask]).max():.3g}")
 
 
+@pytest.mark.slow
 @TWO_CASES
 def test_bfloat16_parity(ckpt, case):
     """bfloat16 params against transformers in bfloat16, and both against the float32 truth.
@@ -197,6 +199,7 @@ def test_bfloat16_parity(ckpt, case):
 # ---- save_hf ------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @TWO_CASES
 @pytest.mark.parametrize("max_shard_bytes", [4 << 30, 20_000], ids=["single", "sharded"])
 def test_save_hf_loads_in_transformers(ckpt, case, max_shard_bytes, tmp_path):
@@ -226,6 +229,7 @@ def test_save_hf_loads_in_transformers(ckpt, case, max_shard_bytes, tmp_path):
     assert_parity(our_logits(params, config, tokens, mask), ref, mask)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("max_shard_bytes", [4 << 30, 20_000], ids=["single", "sharded"])
 @pytest.mark.parametrize("case", ["qwen3-tied-mha-theta1e6", "qwen2-untied-gqa4-theta5e5"])

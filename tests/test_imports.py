@@ -56,6 +56,7 @@ def top_level_hits(modules: set[str], names: tuple[str, ...]) -> list[str]:
     return sorted(m for m in modules if any(m == n or m.startswith(n + ".") for n in names))
 
 
+@pytest.mark.slow
 def test_ais_and_grpo_import_only_jax_and_chex():
     modules = loaded_after("from ais_jax import ais, grpo")
     assert {"ais_jax.ais", "ais_jax.grpo", "jax", "chex"} <= modules
@@ -97,6 +98,7 @@ def test_star_import_submodules_and_unknown_names():
         exec("from ais_jax import no_such_name", {})
 
 
+@pytest.mark.slow
 def test_event_writer_leaves_torch_unloaded_and_importable(tmp_path):
     # tensorboardX imports torch when it is installed (the test extra installs it), seconds of
     # every run's start; the run's writer hides it during that import, and only then

@@ -30,9 +30,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import default_compile_env
 
 from ais_jax.config import load_config
+
+pytestmark = pytest.mark.slow  # the whole default job, minutes
 
 SHORTENED = ["steps=30", "eval_every=15", "checkpoint_every=30"]
 

@@ -79,6 +79,7 @@ def test_logits_equal_the_reference(checkpoints, case):
     assert_close(_forward(params, config, jnp.asarray(ids)), ref)
 
 
+@pytest.mark.slow
 def test_left_padding_does_not_change_the_logits(checkpoints):
     """A row's logits are the same alone or left padded (random pad ids) next to another row;
     a bidirectional model: the first token's logits depend on the last token."""
@@ -100,6 +101,7 @@ def test_left_padding_does_not_change_the_logits(checkpoints):
     assert np.abs(moved[0] - alone[0]).max() > 1e-3
 
 
+@pytest.mark.slow
 def test_fp8_params_run_the_same_forward(checkpoints):
     """The FP8 W8A8 copy (`quant.quantize_fp8`, model.py's parameter names) goes through the
     same forward: near the float32 logits, not equal to them. Relative RMS error measured

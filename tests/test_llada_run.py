@@ -108,6 +108,7 @@ def _scored(fmt: str, p_mask: float = 0.5, *, compute_dtype=None):
     )
 
 
+@pytest.mark.slow
 def test_bf16_rollout_and_bf16_trainer_on_the_same_mask_have_ratio_exactly_one():
     *_, batch, _, scored = _scored("bf16")
     mask = batch[3]
@@ -125,6 +126,7 @@ def test_bf16_rollout_and_bf16_trainer_on_the_same_mask_have_ratio_exactly_one()
     assert np.isfinite(gap).all() and gap.max() > 1e-4, gap.max()
 
 
+@pytest.mark.slow
 def test_each_inner_update_has_its_own_mask_and_its_own_logp_rollout():
     phases, state, rollout, batch, keys, scored = _scored("float8_e4m3fn")
     prompts, prompt_mask, tokens, mask = batch
@@ -159,6 +161,7 @@ def test_each_inner_update_has_its_own_mask_and_its_own_logp_rollout():
     np.testing.assert_array_equal(np.asarray(jax.random.key_data(again)), data)
 
 
+@pytest.mark.slow
 def test_inner_update_j_uses_mask_j():
     """A negligible learning rate keeps the params at their start-of-batch values, so inner
     update j's logp_new on z_j equals logp_old_j and every ratio is 1 (to bf16 rounding of two
@@ -214,6 +217,7 @@ def _final_params(out: Path):
     return jax.device_get(restored["train"])
 
 
+@pytest.mark.slow
 def test_train_from_the_command_line_and_resume_bitwise(tmp_path, capsys):
     argv = ["train", "--config", str(LLADA_TINY), *[a for s in TINY for a in ("--set", s)]]
     whole = tmp_path / "whole"
@@ -265,6 +269,17 @@ def test_train_from_the_command_line_and_resume_bitwise(tmp_path, capsys):
         np.testing.assert_array_equal(np.asarray(y), np.asarray(x))
 
 
+def test_a_llada_config_makes_a_diffusion_run(tmp_path):
+    """`job.make_run` builds a `DiffusionRun` for ``model.family: llada``: the LLaDA model of the
+    config's shape, the character tokenizer, one prompt-mask key per inner update (seconds: the
+    fast tier's check of diffusion_run.py; the tests above train such runs)."""
+    run = job.make_run(_cfg(), tmp_path / "run")
+    assert isinstance(run, DiffusionRun) and run.model_config == CONFIG
+    assert run.tokenizer.eos_ids == (CONFIG.eos_token_id,)
+    sample_key, mask_keys = run.mask_keys(jax.random.key(0))
+    assert sample_key.shape == () and mask_keys.shape == (J,)
+
+
 def test_sudoku_is_one_setting_away():
     cfg = _cfg(
         "task.name=sudoku",
@@ -280,6 +295,7 @@ def test_sudoku_is_one_setting_away():
     assert len(ex.prompt) + 1 <= cfg.rollout.max_prompt_len  # + BOS
 
 
+@pytest.mark.slow
 def test_compare_two_arms_of_the_diffusion_model(tmp_path, capsys):
     """``ais-jax compare`` on configs/llada_tiny.yaml: 2 arms, 1 seed, 2 steps (the phases of
     the run above serve it: only the bf16 score and the uncorrected update compile)."""

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import jax
+import pytest
 from jax.sharding import PartitionSpec as P
 
 from ais_jax import sharding as shd
@@ -30,6 +31,7 @@ def test_llada_params_take_the_logical_axes_of_model_py():
     assert rollout["layers"]["gate_proj"] == P(None, "tensor", None)
 
 
+@pytest.mark.slow
 def test_one_diffusion_grpo_step_on_eight_devices_equals_one_device(tmp_path):
     out = tmp_path / "result.json"
     worker = Path(__file__).parent / "diffusion_sharding_worker.py"

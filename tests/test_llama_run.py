@@ -31,6 +31,8 @@ from ais_jax.config import load_config
 from ais_jax.hf import load_hf
 from ais_jax.model import forward
 
+pytestmark = pytest.mark.slow  # every test reads a run the module fixture trains from a GGUF file
+
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "smollm2_arithmetic.yaml"
 RUN_SETTINGS = [
     "steps=2",

@@ -68,6 +68,7 @@ def assert_close(ours, ref, where):
 # ---- forward: properties ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @CONFIGS
 @pytest.mark.parametrize("t", [0, 4, 9])
 def test_causality(config, t):
@@ -83,6 +84,7 @@ def test_causality(config, t):
     assert np.abs(after[:, t] - before[:, t]).max(axis=-1).min() > 1e-3
 
 
+@pytest.mark.slow
 @CONFIGS
 def test_padding_is_invisible(config):
     """Pad tokens don't matter, and a row's logits don't depend on how much padding precedes it:
@@ -113,6 +115,7 @@ def test_logits_are_float32_and_finite_for_bf16_params():
 # ---- KV cache -----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @CONFIGS
 def test_kv_cache_decode_matches_full_forward(config):
     """Prefill a left-padded prompt batch, then decode one token per step (row 1 finishes after
@@ -149,6 +152,7 @@ def test_kv_cache_decode_matches_full_forward(config):
     assert compiles_by_step[1:] == [0] * (T - 1)  # decode steps after the first never recompile
 
 
+@pytest.mark.slow
 @CONFIGS
 @pytest.mark.parametrize("kind", ["float32", "fp8"])
 def test_fused_projections_are_the_same_layers(config, kind):
@@ -351,6 +355,7 @@ def _scored_groups(vocab: int, N: int, G: int, P: int = 9, T: int = 24):
     return prompt, prompt_mask, tokens, mask, weights
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
 def test_recomputing_backward_keeps_gradients_and_frees_memory(dtype, monkeypatch):
     """Attention and SwiGLU recompute their forward in the backward pass: the gradients of a
@@ -420,6 +425,7 @@ def test_recompute_in_backward_is_the_function_and_its_vjp():
     assert dkeep.dtype == jax.dtypes.float0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("group", [4, 1], ids=["shared-prompts", "own-prompts"])
 def test_remat_recomputes_each_layer_with_the_same_gradients(group):
     """``remat=True`` (optim.remat): every decoder layer recomputes its activations in the
@@ -466,6 +472,7 @@ def test_remat_recomputes_each_layer_with_the_same_gradients(group):
     assert errors(True).max() <= 1.1 * errors(False).max()
 
 
+@pytest.mark.slow
 def test_remat_of_qwen35_layers_moves_gradients_less_than_the_chunk_size_does():
     """Qwen3.5's hybrid layers under ``remat`` (`qwen35.forward`): the float32 gradients of
     its final hidden states move by less than another chunk size of its delta rule moves them

@@ -137,6 +137,7 @@ assert ((0 <= rewards) & (rewards <= 1)).all()
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs(path, tmp_path):
     nb = nbformat.read(path, as_version=4)

@@ -113,6 +113,7 @@ def test_grid_matches_ml_dtypes(name):
     assert _round(jnp.asarray(g), FORMATS[name]).dtype == expected_dtype
 
 
+@pytest.mark.slow
 @ALL_FORMATS
 @pytest.mark.parametrize("dtype", [None, jnp.bfloat16])
 def test_round_to_format_equals_ml_dtypes(name, dtype):
@@ -195,6 +196,7 @@ def test_quantize_error_within_half_ulp(name, dist):
     assert rel.max() > 0.5 * rel_bound  # the bound is tight, not vacuous
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["float8_e4m3fn", "float8_e5m2", "float4_e2m1fn"])
 def test_weight_scales_per_layer(name):
     """A stacked [L, O, I] weight gets one scale per layer, amax / fmax of its bf16 rounding,
@@ -350,6 +352,7 @@ def test_linear_matches_float64_reference(name, act_scaling, codes):
     assert y16.dtype == jnp.bfloat16 and np.isfinite(np.asarray(y16, np.float32)).all()
 
 
+@pytest.mark.slow
 @ALL_FORMATS
 def test_widened_codes_are_the_same_numbers(name):
     """`widen_codes` holds the codes as bfloat16 on CPU, value for value (every code of every
@@ -373,6 +376,7 @@ def test_widened_codes_are_the_same_numbers(name):
         assert quant.widen_codes(q, backend=backend) is q
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("act_scaling", quant.ACT_SCALINGS)
 def test_bf16_operands_are_the_fp8_products_without_an_fp8_activation(act_scaling):
     """``operand_dtype="bfloat16"``: the same products as the FP8 operands (exact in float32:
@@ -395,6 +399,7 @@ def test_bf16_operands_are_the_fp8_products_without_an_fp8_activation(act_scalin
     assert any(re.search(r"-> tensor<[\dx]*f8", line) for line in stored.splitlines())
 
 
+@pytest.mark.slow
 def test_step_operands_give_few_row_gpu_matmuls_bf16_operands():
     """`step_operands`: off CPU, below `FP8_GEMM_MIN_ROWS` rows, every QArray whose operand
     dtype is not set multiplies bfloat16 operands; one set explicitly keeps its choice; plain
@@ -513,6 +518,7 @@ def test_columns_float32_few_rows_multiply_weight_by_activation_columns(lead):
     assert _dot_shapes(quant.linear, x, w) == [(R, O)]
 
 
+@pytest.mark.slow
 def test_masked_rows_never_change_valid_rows():
     """Per-tensor scaling: rows with row_mask False do not enter the amax, so huge values
     there leave every valid row bitwise unchanged."""
@@ -548,6 +554,7 @@ def test_token_scaling_rows_are_independent():
 # ---- several weights of one input held as one -----------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["float32", "bfloat16", "columns", "fp8-tensor", "fp8-token"])
 @pytest.mark.parametrize("groups", [1, 4])
 def test_concat_rows_gives_each_weights_own_products(kind, groups):
@@ -613,6 +620,7 @@ def test_concat_rows_bad_weights_name_what_is_wrong():
 TREE_CONFIG = dataclasses.replace(MODEL, vocab_size=96, num_layers=3, intermediate_size=80)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tied", [True, False])
 def test_quantize_fp8_tree_layout_and_bytes(tied):
     config = dataclasses.replace(TREE_CONFIG, tie_embeddings=tied)
@@ -687,6 +695,7 @@ def test_invalid_format_and_act_scaling_name_the_value():
 # ---- what each format does to a model's log-probs -----------------------------------------------
 
 
+@pytest.mark.slow
 def test_low_precision_logprob_gap_on_tiny_qwen3():
     """A random `ModelConfig.tiny()` Qwen3 (layer weights std 0.1, embeddings std 0.2: logits
     std ~2, max ~10): mean |dlogp| versus the BF16 model on tokens sampled from the BF16

@@ -179,6 +179,7 @@ def assert_close(ours, ref, where, rtol=1e-4) -> float:
 # ---- parity with transformers -------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_float32_parity_on_left_padded_batch(checkpoint, case):
     path = checkpoint(case)
@@ -194,6 +195,7 @@ def test_float32_parity_on_left_padded_batch(checkpoint, case):
     assert_close(ours, ref, mask)
 
 
+@pytest.mark.slow
 def test_save_hf_loads_in_transformers_and_round_trips_bitwise(checkpoint, tmp_path):
     case = "full-lin-lin-tied-mqa-k3-rot0.5"
     config, params = load_hf(checkpoint(case), dtype=jnp.float32)
@@ -211,6 +213,7 @@ def test_save_hf_loads_in_transformers_and_round_trips_bitwise(checkpoint, tmp_p
     assert_close(hf_logits(out, tokens, mask), hf_logits(checkpoint(case), tokens, mask), mask)
 
 
+@pytest.mark.slow
 def test_multimodal_layout_loads_the_text_model(checkpoint, tmp_path, caplog):
     """A `qwen3_5` (image-text) checkpoint: text weights under ``model.language_model.``, a
     vision tower and an MTP head beside them, the text config nested in ``text_config``."""
@@ -296,6 +299,7 @@ def random_params(config, seed=0):
     return jax.tree_util.tree_unflatten(treedef, out)
 
 
+@pytest.mark.slow
 def test_padding_is_invisible():
     """Pad tokens don't matter (bitwise), and a left-padded row equals the same tokens with
     nothing before them (placed first, padding after): no pad leaks into the conv or the
@@ -319,6 +323,7 @@ def test_padding_is_invisible():
     assert_close(first_logits, shifted, mask[:, ::-1])
 
 
+@pytest.mark.slow
 def test_fp8_covers_every_projection_and_keeps_padding_out_of_scales():
     c = SMALL
     params = random_params(c)
@@ -368,6 +373,7 @@ def delta_inputs(seed, B=2, S=37, U=3, I=8, O=5, dtype=jnp.float32, correlated=F
     return tuple(a.astype(dtype) for a in args)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chunk, correlated", [(5, False), (64, False), (16, True)])
 def test_chunked_equals_recurrent(chunk, correlated):
     """Chunks that do not divide S (5 into 37), one chunk (64 > 37), and the hard case."""
@@ -400,6 +406,7 @@ def test_chunked_rule_calls_no_lapack_solve():
     assert "triangular_solve" not in str(jax.make_jaxpr(grad)(args[0]))
 
 
+@pytest.mark.slow
 def test_chunked_gradients_float64():
     """Reverse-mode gradients of the chunked rule: finite differences (`check_grads`) and the
     recurrence's gradients, all in float64."""
@@ -427,6 +434,7 @@ def test_chunked_gradients_float64():
 # ---- decoding state -----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_step_from_prefill_state_equals_chunked_layer():
     """A left-padded prefill of P tokens (chunked), then one `linear_attention_step` per token
     (row 1 finished after two steps): every step's output equals the chunked layer over the
@@ -501,6 +509,7 @@ def test_unsupported_hf_configs_are_named():
             qwen35.Qwen35Config.from_hf_dict(TINY.to_hf_dict() | extra)
 
 
+@pytest.mark.slow
 def test_ais_jax_sample_runs_a_qwen35_checkpoint(checkpoint, tmp_path, capsys):
     """`ais-jax sample` on a Qwen3.5 checkpoint written by transformers (the sampler runs the
     family since #17 item 3): it prints the sampled responses with finite log-probs."""

@@ -88,6 +88,7 @@ def full_logits(params, config, prompt_BP, prompt_mask_BP, tokens_BT, mask_BT):
 APART_LAYOUTS = [name for name, layout in sampler.DECODE_LAYOUTS.items() if not layout.fused]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", APART_LAYOUTS)
 def test_decoding_token_by_token_equals_the_full_forward(params, layout):
     """Float32, left-padded prompts (pads 0, 4, 7), rows finishing after 2 and 5 tokens: the
@@ -119,7 +120,14 @@ def test_decoding_token_by_token_equals_the_full_forward(params, layout):
         assert not valid[last_live + 1 :, P + last_live + 1 :].any()
 
 
-@pytest.fixture(scope="module", params=APART_LAYOUTS)
+# the fast tier (-m "not slow") decodes in the "out_in" layout only; the full suite in both
+@pytest.fixture(
+    scope="module",
+    params=[
+        pytest.param(name, marks=() if name == "out_in" else pytest.mark.slow)
+        for name in APART_LAYOUTS
+    ],
+)
 def layout(request) -> str:
     return request.param
 
@@ -136,6 +144,7 @@ def test_fused_layouts_leave_qwen35_apart(params):
                 np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_bf16_rollout_logp_equals_token_logprobs(params, layout):
     """BF16 params: the sampling-time log-probs are the trainer's teacher-forced ones, under
     every decode layout, at T = 1 and 0.7. The decode runs the delta rule token by token, the
@@ -161,6 +170,7 @@ def test_bf16_rollout_logp_equals_token_logprobs(params, layout):
         assert d.mean() <= (3e-7 if cpu else 5e-3), d.mean()
 
 
+@pytest.mark.slow
 def test_a_group_of_rows_with_one_prompt_is_prefilled_once(params, layout):
     """``prompt_group`` on a Qwen3.5 model: the prefill runs each prompt once and copies its
     `HybridCache` (KV slots, conv inputs, delta-rule states) to the group's rows; the bf16
@@ -175,6 +185,7 @@ def test_a_group_of_rows_with_one_prompt_is_prefilled_once(params, layout):
     assert (np.asarray(rows.tokens[0]) != np.asarray(rows.tokens[1])).any()  # one group, 2 draws
 
 
+@pytest.mark.slow
 def test_fp8_rollout_quantizes_every_projection(params, monkeypatch):
     """FP8: every projection of every layer is a `QArray` that `quant.linear` runs in W8A8
     during a decode step (counted while tracing one: 7 per attention layer, 8 per Gated

@@ -109,6 +109,7 @@ def checkpoint(tmp_path_factory):
     return folder
 
 
+@pytest.mark.slow
 def test_grpo_steps_with_fp8_rollout_and_ais(checkpoint):
     """Three steps of the trainer's phases on the transformers checkpoint: FP8 rollout (every
     projection a `QArray`), BF16 score, AIS-corrected update over 2 minibatches (loss and
@@ -173,6 +174,7 @@ def test_grpo_steps_with_fp8_rollout_and_ais(checkpoint):
         assert d.max() <= 0.05 and d.mean() <= 5e-3, (d.max(), d.mean())
 
 
+@pytest.mark.slow
 def test_the_notebooks_api_on_a_qwen35_checkpoint(checkpoint):
     """Notebook 01's calls, unchanged, on the transformers checkpoint: `load_hf` (BF16),
     `quantize_fp8` (every projection of both mixers FP8), `generate`, `token_logprobs`,
@@ -213,6 +215,7 @@ QWEN35_RUN = {
 }
 
 
+@pytest.mark.slow
 def test_compare_trains_qwen35_arms_from_one_start(tmp_path):
     """`compare.run_comparison` (the trainer's whole job per arm) on the tiny Qwen3.5: two
     arms from one start, each with its metrics; the BF16 rollout is the trainer's policy (no

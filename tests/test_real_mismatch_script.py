@@ -17,6 +17,8 @@ from ais_jax import model as M
 from ais_jax.model_config import ModelConfig
 from ais_jax.quant import quantize_params
 
+pytestmark = pytest.mark.slow  # ~30 s: the script's generation, scoring and layer loop compile
+
 FORWARD = jax.jit(M.forward, static_argnums=1, static_argnames="return_hidden")
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "real_mismatch.py"
 

@@ -75,10 +75,17 @@ def run_cli(argv: list[str]) -> tuple[int, str]:
 
 
 @pytest.fixture(scope="module")
-def real(tmp_path_factory):
-    root = tmp_path_factory.mktemp("real")
-    ckpt, data, run = root / "ckpt", root / "gsm8k.jsonl", root / "run"
+def real_ckpt(tmp_path_factory) -> Path:
+    """The random checkpoint alone (seconds; `real` trains on it)."""
+    ckpt = tmp_path_factory.mktemp("real_ckpt") / "ckpt"
     assert random_qwen3.main(["--tokenizer", str(FIXTURE), "--out", str(ckpt), *SMALL]) == 0
+    return ckpt
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory, real_ckpt):
+    root = tmp_path_factory.mktemp("real")
+    ckpt, data, run = real_ckpt, root / "gsm8k.jsonl", root / "run"
     data.write_text(gsm8k_lines(), encoding="utf-8")
     argv = ["train", "--config", str(CONFIG), "--out", str(run), "--no-progress"]
     argv += ["--set", f"model.checkpoint={ckpt}", "--set", f"task.options.path={data}"]
@@ -89,8 +96,8 @@ def real(tmp_path_factory):
     return dict(ckpt=ckpt, data=data, run=run, code=code, summary=json.loads(stdout))
 
 
-def test_random_checkpoint_has_the_real_vocabulary_and_tokenizer(real):
-    ckpt = real["ckpt"]
+def test_random_checkpoint_has_the_real_vocabulary_and_tokenizer(real_ckpt):
+    ckpt = real_ckpt
     config = json.loads((ckpt / "config.json").read_text())
     assert config["architectures"] == ["Qwen3ForCausalLM"] and config["vocab_size"] == VOCAB
     assert (config["num_hidden_layers"], config["hidden_size"]) == (2, 64)
@@ -105,6 +112,7 @@ def test_random_checkpoint_has_the_real_vocabulary_and_tokenizer(real):
     assert tok.eos_ids == (IM_END, ENDOFTEXT) and tok.chat_template is not None
 
 
+@pytest.mark.slow
 def test_train_on_the_real_shape(real):
     assert real["code"] == 0
     run, summary = real["run"], real["summary"]
@@ -116,6 +124,7 @@ def test_train_on_the_real_shape(real):
     assert load_config(run / "config.yaml").rollout.format == "float8_e4m3fn"
 
 
+@pytest.mark.slow
 def test_eval_reports_pass_mean_and_maj_at_k(real):
     out = real["run"] / "eval.k2.jsonl"
     argv = ["eval", "--run", str(real["run"]), "--data", str(real["data"]), "--examples", "4"]
@@ -133,6 +142,7 @@ def test_eval_reports_pass_mean_and_maj_at_k(real):
     assert result["pass@1"]["value"] == np.mean([r["greedy"]["correct"] for r in rows])
 
 
+@pytest.mark.slow
 def test_sample_prompts_through_the_chat_template(real, monkeypatch):
     seen = []
 
@@ -164,6 +174,7 @@ def test_sample_prompts_through_the_chat_template(real, monkeypatch):
     assert eos_ids == (IM_END, ENDOFTEXT)
 
 
+@pytest.mark.slow
 def test_export_hf_loads_in_transformers_with_equal_logits(real, tmp_path):
     hf_dir = tmp_path / "hf"
     code, _ = run_cli(["export-hf", "--run", str(real["run"]), "--to", str(hf_dir)])

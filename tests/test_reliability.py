@@ -197,6 +197,7 @@ def test_kill_plan_covers_every_phase_in_order():
         assert 2 <= steps[0] < steps[1] <= steps[2] <= 6 and steps[2] % 2 == 0, plan
 
 
+@pytest.mark.slow
 def test_sigkill_at_random_phases_then_resume_is_bitwise_the_uninterrupted_run(
     worker_env, tmp_path
 ):
@@ -460,6 +461,7 @@ def test_reward_function_failures_name_task_prompt_and_response(value, fragment)
     assert isinstance(err.value, RuntimeError)  # still a RuntimeError for older callers
 
 
+@pytest.mark.slow
 def test_reward_function_raising_mid_run_is_one_line_at_the_cli(
     tmp_path, capsys, quick_config, monkeypatch
 ):
@@ -678,6 +680,7 @@ def assert_all_finite(tree):
         assert np.isfinite(np.asarray(x, np.float32)).all()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("field", ["advantages", "logp_rollout", "logp_old"])
 def test_non_finite_minibatch_is_skipped_and_counted(batch_and_params, field):
     batch, params = batch_and_params
@@ -690,6 +693,7 @@ def test_non_finite_minibatch_is_skipped_and_counted(batch_and_params, field):
     assert int(after.skipped) == 1 and int(after.step) == 1  # the RL step itself is counted
 
 
+@pytest.mark.slow
 def test_non_finite_value_under_padding_changes_nothing(batch_and_params):
     batch, params = batch_and_params
     _, clean, clean_metrics = run_update(params, batch)
@@ -703,6 +707,7 @@ def test_non_finite_value_under_padding_changes_nothing(batch_and_params):
     assert metrics == clean_metrics
 
 
+@pytest.mark.slow
 def test_identical_rewards_give_zero_advantages_and_a_decay_only_step(batch_and_params):
     batch, params = batch_and_params
     advantages = grpo.group_advantages(jnp.full((N,), 0.7, jnp.float32), 4)
@@ -722,6 +727,7 @@ def test_identical_rewards_give_zero_advantages_and_a_decay_only_step(batch_and_
         np.testing.assert_allclose(got, p - np.float32(lr * wd) * p, rtol=1e-6, atol=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("field", ["logp_rollout", "logp_old"])
 def test_log_ratio_extremes_stay_finite(batch_and_params, field):
     """+-1e4 between rollout and trainer log-probs (rho_rt) or between the policy and its
@@ -757,6 +763,7 @@ def _extreme_params() -> dict:
     return {**params, "layers": layers}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["float8_e4m3fn", "float8_e5m2", "float4_e2m1fn"])
 def test_rollout_copy_of_extreme_weights_stays_finite(fmt):
     params = _extreme_params()
@@ -1020,6 +1027,7 @@ def unprivileged() -> list[str]:
     return ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
 
 
+@pytest.mark.slow
 def test_out_in_a_read_only_directory(tmp_path, quick_config, worker_env):
     """A new --out under a read-only directory, and an existing read-only --out."""
     prefix = unprivileged()
@@ -1068,6 +1076,7 @@ def test_export_hf_to_an_existing_file(tmp_path, capsys):
 # -- two runs, one directory -----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_second_writer_is_refused_and_a_killed_runs_lock_does_not_block_resume(
     tmp_path, capsys, quick_config, worker_env
 ):
@@ -1095,6 +1104,7 @@ def test_second_writer_is_refused_and_a_killed_runs_lock_does_not_block_resume(
 # -- SIGINT and SIGTERM ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_signal_finishes_the_step_saves_it_and_says_how_to_resume(
     tmp_path, quick_config, worker_env, sig
@@ -1127,6 +1137,7 @@ def test_signal_finishes_the_step_saves_it_and_says_how_to_resume(
         assert [r["step"] for r in read_rows(out)] == list(range(1, step + 2))
 
 
+@pytest.mark.slow
 def test_second_ctrl_c_stops_at_once(tmp_path, quick_config, worker_env):
     """Both SIGINTs arrive during the held-out evaluation after step 2 (thousands of prompts):
     the first asks for a stop after it, the second ends the process there, without a
@@ -1158,6 +1169,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_sigterm_to_one_host_stops_every_host_after_the_same_step(
     tmp_path, quick_config, worker_env
 ):
@@ -1208,6 +1220,7 @@ def file_size_limit(kib: int) -> list[str]:
     return ["bash", "-c", 'ulimit -f "$0" && exec "$@"', str(kib)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "kib, fragment",
     [
@@ -1244,6 +1257,7 @@ def test_full_disk_is_one_line_and_the_run_resumes_once_there_is_room(
     assert steps == list(range(1, len(steps) + 1)) and steps
 
 
+@pytest.mark.slow
 def test_a_failed_save_drops_the_late_echoes_of_its_writes(caplog):
     """Each write of a failed orbax save fails on its own thread's event loop, and asyncio logs
     every exception nobody retrieved (the writes' tasks' and the future gathering them) when the
@@ -1405,6 +1419,7 @@ def test_numbers_out_of_range_are_named_with_what_is_allowed(tmp_path, capsys, a
 # -- non-finite numbers in what the project writes -------------------------------------------------
 
 
+@pytest.mark.slow
 def test_sample_from_non_finite_weights_prints_strict_json_and_says_where(tmp_path, capsys, caplog):
     cfg = config_from(QUICK)
     out = tmp_path / "run"
@@ -1464,6 +1479,7 @@ def finished_run(tmp_path_factory, worker_env) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_torn_last_lines_and_a_missing_newest_checkpoint_resume_cleanly(
     finished_run, tmp_path, worker_env
 ):
@@ -1484,6 +1500,7 @@ def test_torn_last_lines_and_a_missing_newest_checkpoint_resume_cleanly(
     assert strict_loads((out / "summary.json").read_text())["steps"] == 4
 
 
+@pytest.mark.slow
 def test_damaged_line_before_the_last_is_named_not_dropped(finished_run, tmp_path, capsys):
     out = Path(shutil.copytree(finished_run, tmp_path / "run"))
     shutil.rmtree(out / "checkpoints" / "4")
@@ -1499,6 +1516,7 @@ def test_damaged_line_before_the_last_is_named_not_dropped(finished_run, tmp_pat
     assert (out / "metrics.jsonl").read_text() == "\n".join(lines) + "\n"
 
 
+@pytest.mark.slow
 def test_fresh_run_into_an_old_run_directory_keeps_the_old_rows_until_replaced(
     finished_run, tmp_path, capsys, monkeypatch, worker_env
 ):

@@ -224,6 +224,7 @@ def test_rewards_are_deterministic_and_in_unit_interval():
             assert value in (0.0, 1.0) and value == reward(text, truth), text
 
 
+@pytest.mark.slow
 def test_pathological_answer_times_out_and_scores_zero():
     """``10^{10^{10}}`` would take sympy forever; math-verify's alarm stops it (main thread)."""
     assert threading.current_thread() is threading.main_thread()

@@ -114,7 +114,14 @@ def check_layout(r: sampler.Rollout, pad_id: int = 0) -> None:
     assert ((tokens >= 0) & (tokens < V)).all()
 
 
-@pytest.fixture(scope="module", params=list(sampler.DECODE_LAYOUTS))
+# the fast tier (-m "not slow") decodes in the "out_in" layout only; the full suite in every one
+@pytest.fixture(
+    scope="module",
+    params=[
+        pytest.param(name, marks=() if name == "out_in" else pytest.mark.slow)
+        for name in sampler.DECODE_LAYOUTS
+    ],
+)
 def layout(request) -> str:
     """Each decode layout by name; tests that take it run once per layout."""
     return request.param
@@ -128,6 +135,7 @@ def rollout_f32(params, layout):
 # ---- log-probs: the sampled-from distribution and the trainer's re-score ----------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_logp_plain_equals_token_logprobs(params, rollout_f32, layout, dtype):
     """Unquantized params: the sampling-time log-probs are the trainer's teacher-forced ones
@@ -159,6 +167,7 @@ def test_logp_plain_equals_token_logprobs(params, rollout_f32, layout, dtype):
             assert mean <= 1e-6, mean
 
 
+@pytest.mark.slow
 def test_bf16_rollout_of_a_grpo_batch_is_the_trainers_policy(params, layout):
     """The BF16 arm is the experiments' control: its rollout must be the trainer's policy. On
     a GRPO batch of 128 rows (16 prompts x 8, as the shipped `compare.yaml`) the trainer's
@@ -183,6 +192,7 @@ def test_bf16_rollout_of_a_grpo_batch_is_the_trainers_policy(params, layout):
     assert worst <= (1e-6 if jax.default_backend() == "cpu" else 0.05), (worst, mean)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("act_scaling", ["tensor", "token"])
 def test_fp8_logp_is_the_sampled_distribution(params, layout, act_scaling):
     """FP8 params: `logp` is the log-softmax of the logits the sampler used (replayed decode,
@@ -258,6 +268,7 @@ def _unchunked_logprobs(params, config, prompt_BP, prompt_mask_BP, tokens_BT, ma
     return _logp_entropy_of(logits_BSV[:, P - 1 : P - 1 + T], tokens_BT, mask_BT, temp)
 
 
+@pytest.mark.slow
 def test_token_logprobs_runs_each_prompt_of_a_group_once(params, monkeypatch):
     """GRPO's G responses to one prompt: given one prompt per group of G consecutive rows,
     `token_logprobs` runs each prompt through the model once (`model.response_hidden`, which
@@ -360,6 +371,7 @@ def test_token_logprobs_runs_each_prompt_of_a_group_once(params, monkeypatch):
     assert per_group <= 0.72 * flops(full_rows)
 
 
+@pytest.mark.slow
 def test_token_logprobs_chunks_the_lm_head_without_changing_values_or_gradients(params):
     """`token_logprobs` applies the LM head and log-softmax C response positions at a time
     (under `jax.checkpoint`): log-probs, entropies and their gradients equal those of the full
@@ -517,6 +529,7 @@ def flat_logits(params) -> jax.Array:
     return forward(params, CONFIG, jnp.asarray([[15]], jnp.int32))[0, -1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "temperature, top_k, top_p",
     [(1.0, None, None), (0.7, None, None), (1.0, 5, None), (0.7, None, 0.6), (1.3, 8, 0.5)],
@@ -538,6 +551,7 @@ def test_draws_follow_the_filtered_softmax(flat_logits, temperature, top_k, top_
     np.testing.assert_allclose(logp_plain, np.log(plain[tokens]), rtol=0, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_the_distribution_check_catches_sampling_bugs(flat_logits):
     """The check has power: for each bug below, draws of the real `_sample` with the bug's
     options fail `assert_draws_follow` against the requested distribution, and
@@ -597,6 +611,7 @@ def test_filter_logits_keeps_exactly_the_support():
     assert kept(3, 0.75) == {1, 3, 4}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("top_p", [1.0, 0.3])
 def test_greedy_filter_skips_the_sort_and_keeps_what_it_kept(top_p):
     """top_k = 1 takes the branch without the sort: the same output as the sorted filter,
@@ -623,6 +638,7 @@ def reference_filter(logits_BV: np.ndarray, top_k: int, top_p: float) -> np.ndar
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("top_p", [0.3, 0.9, 0.99, 1.0])
 @pytest.mark.parametrize("top_k", [5, 64, 65, 3000])
 def test_sort_filter_top_candidates_and_full_sort_keep_the_same_ids(top_k, top_p):
@@ -677,6 +693,7 @@ def pick_eos_ids(tokens_BT) -> tuple[int, ...]:
     return best
 
 
+@pytest.mark.slow
 def test_rows_stop_at_their_own_eos(params, rollout_f32, layout):
     """With float32 params rows are independent, so the run with EOS ids is the run without
     them, cut after each row's first EOS (EOS included, mask 1), then pad_id / mask 0 /
@@ -706,6 +723,7 @@ def test_rows_stop_at_their_own_eos(params, rollout_f32, layout):
     print(f"eos_ids {eos_ids}: first EOS per row {stops}, lengths {r.lengths.tolist()}")
 
 
+@pytest.mark.slow
 def test_left_padding_is_invisible(params, rollout_f32):
     """float32: each row's logits at every step (prefill, then decode) in the left-padded batch
     equal those of the prompt run alone, unpadded."""
@@ -725,6 +743,7 @@ def test_left_padding_is_invisible(params, rollout_f32):
         np.testing.assert_allclose(alone[0], batch[b], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_deterministic_for_a_key(params, rollout_f32, layout):
     again = sampler.generate(params, CONFIG, PROMPTS, KEY, max_new_tokens=T, layout=layout)
     for name in ("tokens", "mask", "logp", "logp_plain", "lengths", "finished"):
@@ -735,6 +754,7 @@ def test_deterministic_for_a_key(params, rollout_f32, layout):
     assert (np.asarray(other.tokens) != np.asarray(rollout_f32.tokens)).any()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["float32", "bfloat16", "fp8"])
 def test_a_group_of_rows_with_one_prompt_is_prefilled_once(params, layout, kind):
     """``prompt_group=G`` (G consecutive rows repeat one prompt, GRPO's G samples): the prefill
@@ -767,6 +787,7 @@ def test_a_group_of_rows_with_one_prompt_is_prefilled_once(params, layout, kind)
     assert flops(G) < flops(1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["float32", "bfloat16", "fp8"])
 def test_params_prepared_once_give_the_same_rollout(params, layout, kind):
     """`decode_params` done once per weight sync (as `quantize_fp8` is): `generate` on its
@@ -788,6 +809,7 @@ def test_params_prepared_once_give_the_same_rollout(params, layout, kind):
         np.testing.assert_allclose(getattr(ready, name), getattr(direct, name), atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("vocab, scale", [(300, 1.5), (700, 4.0)])
 def test_two_level_draw_is_the_softmax(vocab, scale):
     """`sampler._draw` over several 128-id blocks (the last one padded), with some ids at -inf
@@ -809,6 +831,7 @@ def test_two_level_draw_is_the_softmax(vocab, scale):
     np.testing.assert_allclose(logp, np.log(probs[tokens]), rtol=0, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_first_argmax_is_argmax():
     """The two-reduction argmax of the draws: the first index of the maximum, ties included,
     and an id in range for a NaN row."""
@@ -818,6 +841,7 @@ def test_first_argmax_is_argmax():
     assert int(sampler._first_argmax(jnp.full((1, 5), jnp.nan))[0]) in range(5)
 
 
+@pytest.mark.slow
 def test_sampling_options_do_not_recompile(params, rollout_f32, layout):
     """temperature / top_k / top_p are runtime values; max_new_tokens is a shape (recompiles).
     Along the way: top_k=1 is greedy decoding, and top-k / top-p draws stay in the support."""
@@ -952,6 +976,7 @@ def test_compiler_options_turn_off_loop_hoisting_on_cpu_only():
     assert sampler.compiler_options() == sampler.compiler_options(jax.default_backend())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["float32", "bfloat16"])
 def test_decode_loop_reads_the_weights_as_prepared(params, layout, kind):
     """The compiled decode loop carries the prepared weights themselves: no transposed or
@@ -998,6 +1023,7 @@ def _while_carries(jaxpr) -> list[list]:
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["float32", "bfloat16", "fp8"])
 def test_each_layout_is_the_one_the_loop_runs(params, layout, kind):
     """`decode_params` gives `Columns` plain matmul weights and LM head (``columns``; the
@@ -1046,6 +1072,7 @@ def test_each_layout_is_the_one_the_loop_runs(params, layout, kind):
         assert len(found) == expected, (layout, kind, rows, found)
 
 
+@pytest.mark.slow
 def test_gpu_decode_steps_multiply_fp8_codes_as_bf16(params, monkeypatch):
     """Off CPU, a decode step's few-row matmuls take bfloat16 operands
     (`quant.step_operands`, here told the backend is a GPU): the steps' activation codes are
@@ -1078,6 +1105,7 @@ def test_gpu_decode_steps_multiply_fp8_codes_as_bf16(params, monkeypatch):
         np.testing.assert_allclose(getattr(bf16_ops, name), getattr(plain, name), atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_fp8_codes_are_widened_once_before_the_loop(params, monkeypatch):
     """On CPU `decode_params` holds the FP8 weight codes as bfloat16 (`quant.widen_codes`), so
     no step converts a weight: the compiled rollout holds no FP8 array of a weight's shape

@@ -424,6 +424,7 @@ def workers(tmp_path_factory):
         return json.loads(done.read_text())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("check", CHECKS)
 def test_on_eight_devices(workers, check):
     results = workers["eight"]
@@ -434,6 +435,7 @@ def test_on_eight_devices(workers, check):
         pytest.skip(result["skipped"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("check", MULTIHOST_CHECKS)
 @pytest.mark.parametrize("host", ["host0", "host1"])
 def test_on_two_processes(workers, host, check):
@@ -443,6 +445,7 @@ def test_on_two_processes(workers, host, check):
     assert result["ok"], f"{host} {check} ({result['seconds']} s):\n{result.get('error')}"
 
 
+@pytest.mark.slow
 def test_two_processes_train_exactly_like_one(workers):
     """The same run (tests/training_run.py) on one 8-device mesh, spanning two processes or one:
     the same global batches (each host reads its share), so the same metrics; process 0 alone

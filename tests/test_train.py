@@ -127,6 +127,7 @@ def arm_run(tmp_path_factory):
     return run
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(ARMS))
 def test_arm_metrics_present_and_finite(arm_run, name):
     cfg, out, summary, rows = arm_run(name)
@@ -147,6 +148,7 @@ def test_arm_metrics_present_and_finite(arm_run, name):
     assert learned, f"{name}: no step had a learning signal; the test would run on zeros"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(ARMS))
 def test_arm_writes_outputs(arm_run, name):
     cfg, out, summary, rows = arm_run(name)
@@ -238,6 +240,7 @@ def test_sampled_evaluation_draws_from_the_runs_seed(tmp_path, monkeypatch):
     assert runs["other"][1] != runs["first"][1]
 
 
+@pytest.mark.slow
 def test_corrections_behave_as_documented(arm_run):
     """Each arm's weights, seen through the whole training step (one minibatch per step, so
     the logged values are the minibatch's): uncorrected arms weight every token 1; TIS caps
@@ -271,6 +274,7 @@ def test_corrections_behave_as_documented(arm_run):
 SMALL = dataclasses.replace(MODEL, num_layers=1, num_heads=2, num_kv_heads=1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["out_in_columns", "out_in"])
 def test_generate_phase_decodes_in_the_configured_layout(layout):
     """``rollout.decode_layout`` reaches the sampler: the phase's rollout equals
@@ -369,6 +373,7 @@ def test_apply_minibatch_takes_one_optimizer_step_or_skips_it():
     assert int(skipped) == 4 and float(metrics["train/skipped"]) == 1.0
 
 
+@pytest.mark.slow
 def test_update_reduces_maxima_over_minibatches_by_max():
     """``is/weight_max`` and ``mismatch/ratio_max`` of a step with 2 epochs x 4 minibatches are
     the largest weight and ratio of the whole batch (every epoch visits every token), not a
@@ -384,6 +389,7 @@ def test_update_reduces_maxima_over_minibatches_by_max():
     assert float(metrics["is/weight_max"]) == pytest.approx(clip, rel=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["none", "tis", "mis", "ais"])
 def test_every_arm_logs_diagnostics_with_the_configured_settings(method):
     """The AIS diagnostics every arm logs use the configured delta, gamma, beta_var, eps (not
@@ -465,6 +471,7 @@ def _on_policy_pair(method: str, dtype: str):
     return scored, inside, logp_old, entropy, batch
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "method,dtype",
     [("none", "float32"), ("tis", "float32"), ("ais", "float32"), ("mis", "float32")]
@@ -511,6 +518,7 @@ def test_on_policy_update_scores_in_its_own_forward(method, dtype):
     assert max(jax.tree.leaves(diff)) <= 1e-6
 
 
+@pytest.mark.slow
 def test_optim_remat_reaches_the_update():
     """``optim.remat=True``: the update phase recomputes its layers in the backward pass (less
     than 60% of the temporaries, float32) and takes the same step: its metrics to 1e-6 and its
@@ -553,6 +561,7 @@ def test_logp_old_is_computed_inside_only_on_policy():
         phases.update(state, batch.replace(logp_old=None), jax.random.key(3))
 
 
+@pytest.mark.slow
 def test_a_batch_of_groups_runs_each_prompt_once_with_the_same_update():
     """`Batch.prompt_group` = G, as `Run` builds its batches (G consecutive rows answer one
     prompt): the on-policy update and the score phase run each prompt through the model once
@@ -602,6 +611,7 @@ def test_a_batch_of_groups_runs_each_prompt_once_with_the_same_update():
         phases.score(params, *scored, 3)
 
 
+@pytest.mark.slow
 def test_rollout_mismatch_grows_as_precision_drops(arm_run):
     """Step 1 of every arm starts from the same SFT weights: the rollout-vs-trainer mismatch
     of a BF16 engine is below FP8's, which is below FP4's."""
@@ -611,6 +621,7 @@ def test_rollout_mismatch_grows_as_precision_drops(arm_run):
     assert first["bf16"] < first["fp8_none"] < first["fp4_ais"], first
 
 
+@pytest.mark.slow
 def test_bf16_rollout_is_on_policy(arm_run):
     """The BF16 rollout engine (KV-cached decode) and the BF16 trainer (full-sequence scoring)
     agree up to float rounding: mismatch orders of magnitude below FP8's, weights ~ 1."""
@@ -622,6 +633,7 @@ def test_bf16_rollout_is_on_policy(arm_run):
         assert row["ais/alpha_mis"] < 1e-3 and row["mismatch/frac_outside"] == 0
 
 
+@pytest.mark.slow
 def test_grpo_learns_a_one_token_bandit():
     """End to end, the loop's phases learn: reward 1 for answering token 5 (a random model
     says it with p ~ 1/64). 40 steps of FP8 rollout -> BF16 score -> AIS-corrected GRPO update
@@ -783,6 +795,7 @@ def uninterrupted(tmp_path_factory):
     return cfg, out, read_rows(out), _params(cfg, out, cfg.steps)
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_bitwise(uninterrupted, tmp_path, caplog):
     cfg, _, rows_a, state_a = uninterrupted
     config_file = tmp_path / "config.yaml"
@@ -845,6 +858,7 @@ def _tb_events(directory: Path):
             pos += 12 + length + 4
 
 
+@pytest.mark.slow
 def test_a_run_that_raises_closes_its_events_first(tmp_path):
     """An error that ends a run (here from ``on_step`` after step 1) closes the TensorBoard
     writer before it propagates: the step's scalars are on disk then, not queued in
@@ -862,6 +876,7 @@ def test_a_run_that_raises_closes_its_events_first(tmp_path):
 
 # orbax/tensorstore: reads still in flight when a damaged checkpoint fails call back into the
 # closed event loop ("RuntimeError: Event loop is closed", printed, harmless)
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_damaged_checkpoint_is_an_error_and_fallback_uses_the_previous(
     uninterrupted, tmp_path, capsys
@@ -901,6 +916,7 @@ def test_damaged_checkpoint_is_an_error_and_fallback_uses_the_previous(
     _assert_same_run(rows_a, read_rows(out), state_a, _params(cfg, out, cfg.steps))
 
 
+@pytest.mark.slow
 def test_fresh_run_refuses_a_directory_with_checkpoints(uninterrupted, tmp_path):
     cfg, out_a, _, _ = uninterrupted
     out = Path(shutil.copytree(out_a, tmp_path / "run"))
