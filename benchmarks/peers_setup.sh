@@ -36,7 +36,8 @@ if [ "${1:-}" != "--trl-only" ]; then
   make_venv "$PEERS/tunix-venv"
   "$PEERS/tunix-venv/bin/pip" install "google-tunix==$TUNIX_VERSION"
   "$PEERS/tunix-venv/bin/python" -c \
-    "import tunix.generate.sampler, tunix.models.qwen3.params, tunix.rl.grpo.grpo_learner; \
+    "import tunix.generate.sampler, tunix.models.qwen3.params, tunix.models.llama3.params, \
+tunix.rl.grpo.grpo_learner; \
 print('tunix venv ok')"
 fi
 
