@@ -88,14 +88,6 @@ def _field(reader, key: str, default: Any = None) -> Any:
     return value
 
 
-def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
-    """Every key-value field of the file except the tokenizer's large arrays."""
-    reader = _reader(Path(path))
-    skip = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type")
-    skip += ("tokenizer.ggml.scores",)
-    return {k: f.contents() for k, f in reader.fields.items() if k not in skip}
-
-
 def read_config(path: str | os.PathLike, reader=None) -> ModelConfig:
     """The `ModelConfig` of a GGUF file's ``{arch}.*`` metadata."""
     from ais_jax.hf import CheckpointError
@@ -166,12 +158,6 @@ def unpermute_rows(w: np.ndarray, heads: int) -> np.ndarray:
     each head, rows ``(E/2, 2)`` interleaved back to ``(2, E/2)`` halves."""
     rows = w.shape[0]
     return w.reshape(heads, rows // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def permute_rows(w: np.ndarray, heads: int) -> np.ndarray:
-    """llama.cpp's converter's permutation (the inverse of `unpermute_rows`); for writing."""
-    rows = w.shape[0]
-    return w.reshape(heads, 2, rows // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
 def read_checkpoint(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, np.ndarray]]:

@@ -134,9 +134,10 @@ def refuse_nonfinite(source: str | os.PathLike, name: str, tensor: np.ndarray) -
     give NaN log-probs at the first forward, far from their cause."""
     if np.issubdtype(tensor.dtype, np.integer):
         return
-    finite = np.isfinite(tensor.astype(np.float32, copy=False))
+    values = tensor.astype(np.float32, copy=False)
+    finite = np.isfinite(values)
     if not finite.all():
-        nan = int(np.isnan(tensor.astype(np.float32, copy=False)).sum())
+        nan = int(np.isnan(values).sum())
         raise CheckpointError(
             f"{source}: tensor {name!r} holds non-finite values ({nan} NaN, "
             f"{finite.size - int(finite.sum()) - nan} inf of {finite.size}); ais_jax does not "
