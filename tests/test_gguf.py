@@ -273,6 +273,18 @@ def test_unsupported_architecture_and_damaged_file(hf_checkpoint, tmp_path):
         load_hf(tmp_path / "missing.gguf")
 
 
+def poisoned_copy(folder: Path, dest: Path, name: str, index: tuple[int, int]) -> Path:
+    """A copy of the checkpoint directory ``folder`` at ``dest`` with NaN at ``index`` of tensor
+    ``name``."""
+    dest.mkdir()
+    for f in folder.iterdir():
+        (dest / f.name).write_bytes(f.read_bytes())
+    tensors = safetensors.numpy.load_file(str(dest / "model.safetensors"))
+    tensors[name][index] = np.nan
+    safetensors.numpy.save_file(tensors, str(dest / "model.safetensors"), metadata={"format": "pt"})
+    return dest
+
+
 def test_non_finite_weights_are_refused_naming_the_tensor(hf_checkpoint, tmp_path):
     folder = hf_checkpoint("llama", **LLAMA)
 
@@ -289,13 +301,7 @@ def test_non_finite_weights_are_refused_naming_the_tensor(hf_checkpoint, tmp_pat
         in (str(e.value))
     )
     assert "\n" not in str(e.value)
-    copy = tmp_path / "dir"
-    copy.mkdir()
-    for f in folder.iterdir():
-        (copy / f.name).write_bytes(f.read_bytes())
-    tensors = safetensors.numpy.load_file(str(copy / "model.safetensors"))
-    tensors["model.layers.1.mlp.down_proj.weight"][2, 2] = np.nan
-    safetensors.numpy.save_file(tensors, str(copy / "model.safetensors"), metadata={"format": "pt"})
+    copy = poisoned_copy(folder, tmp_path / "dir", "model.layers.1.mlp.down_proj.weight", (2, 2))
     with pytest.raises(
         CheckpointError,
         match=r"tensor 'model\.layers\.1\.mlp\.down_proj\.weight' "
@@ -308,13 +314,7 @@ def test_sample_refuses_a_checkpoint_with_a_nan_in_one_line(hf_checkpoint, tmp_p
     from ais_jax.cli import main
 
     folder = hf_checkpoint("llama", **LLAMA)
-    copy = tmp_path / "dir"
-    copy.mkdir()
-    for f in folder.iterdir():
-        (copy / f.name).write_bytes(f.read_bytes())
-    tensors = safetensors.numpy.load_file(str(copy / "model.safetensors"))
-    tensors["model.embed_tokens.weight"][7, 1] = np.nan
-    safetensors.numpy.save_file(tensors, str(copy / "model.safetensors"), metadata={"format": "pt"})
+    copy = poisoned_copy(folder, tmp_path / "dir", "model.embed_tokens.weight", (7, 1))
     capsys.readouterr()
     assert main(["sample", "--checkpoint", str(copy), "--prompt", "1 2", "--n", "1"]) == 2
     out, err = capsys.readouterr()
