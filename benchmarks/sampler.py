@@ -419,10 +419,9 @@ class IdsTokenizer:
         return 0  # prompts never contain 0 (tunix masks pad ids out of attention)
 
 
-def tunix_config(model_lib, s: dict, *, dtype, param_dtype):
-    """tunix's `ModelConfig` (``model_lib``: its ``tunix.models.qwen3.model``) of the shape
-    ``s``: a tied-embedding Qwen3 with rope theta `ROPE_THETA`, as `worker_ckpt` writes it."""
-    return model_lib.ModelConfig(
+def tunix_shape(s: dict) -> dict:
+    """The shape ``s`` under the field names tunix's Qwen3 and Llama `ModelConfig`s share."""
+    return dict(
         num_layers=s["num_layers"],
         vocab_size=s["vocab_size"],
         embed_dim=s["hidden_size"],
@@ -430,6 +429,14 @@ def tunix_config(model_lib, s: dict, *, dtype, param_dtype):
         num_heads=s["num_heads"],
         head_dim=s["head_dim"],
         num_kv_heads=s["num_kv_heads"],
+    )
+
+
+def tunix_config(model_lib, s: dict, *, dtype, param_dtype):
+    """tunix's `ModelConfig` (``model_lib``: its ``tunix.models.qwen3.model``) of the shape
+    ``s``: a tied-embedding Qwen3 with rope theta `ROPE_THETA`, as `worker_ckpt` writes it."""
+    return model_lib.ModelConfig(
+        **tunix_shape(s),
         rope_theta=int(ROPE_THETA),
         norm_eps=1e-6,
         use_tied_embedding=True,
@@ -450,13 +457,7 @@ def tunix_llama_config(model_lib, s: dict):
     """tunix's Llama `ModelConfig` (``model_lib``: its ``tunix.models.llama3.model``) of the
     Llama shape ``s`` (tied embeddings: ``weight_tying``)."""
     return model_lib.ModelConfig(
-        num_layers=s["num_layers"],
-        vocab_size=s["vocab_size"],
-        embed_dim=s["hidden_size"],
-        hidden_dim=s["intermediate_size"],
-        num_heads=s["num_heads"],
-        head_dim=s["head_dim"],
-        num_kv_heads=s["num_kv_heads"],
+        **tunix_shape(s),
         rope_theta=int(rope_theta_of(s)),  # not read by tunix 0.1.7 (`TUNIX_LLAMA_NOTE`)
         norm_eps=rms_eps_of(s),
         weight_tying=True,
