@@ -471,25 +471,13 @@ def _on_policy_pair(method: str, dtype: str):
     return scored, inside, logp_old, entropy, batch
 
 
-@pytest.fixture
-def no_cache_write():
-    """Compile without writing to the suite's persistent compilation cache: jaxlib 0.10.2's
-    XLA:CPU segfaulted serializing one of these update programs for the cache (in
-    `compilation_cache.put_executable_and_time`, twice, the bf16 AIS case, 2026-12-05: a full
-    run and the fresh-clone CI of 93b020c); the programs themselves compile and run."""
-    old = jax.config.jax_persistent_cache_min_compile_time_secs
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1e9)
-    yield
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", old)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "method,dtype",
     [("none", "float32"), ("tis", "float32"), ("ais", "float32"), ("mis", "float32")]
     + [("ais", "bfloat16")],
 )
-def test_on_policy_update_scores_in_its_own_forward(method, dtype, no_cache_write):
+def test_on_policy_update_scores_in_its_own_forward(method, dtype):
     """On-policy (1 epoch, 1 minibatch) ``logp_old=None`` makes the update use
     stop_gradient(logp_new) of its own forward instead of a separate score pass: same params
     and metrics as score-then-update. The two logp_old are the same forward of the same params
