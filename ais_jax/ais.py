@@ -24,7 +24,7 @@ with `advantages` of shape [B] (one value per sequence, broadcast to its tokens)
 | `adaptive(C)`   | w_tilde = 1 + alpha * (w_bar - 1)             (AIS)  | alpha |
 | `masked(l, h)`  | 1 if rho in [l, h] else 0            (MIS / IcePop)  | 1 |
 
-AIS (SPEC section 3) picks one alpha per call (= per mini-batch) from three diagnostics of
+AIS (design.md section 3) picks one alpha per call (= per mini-batch) from three diagnostics of
 the valid (mask != 0) tokens, standard deviations with ddof = 1:
 
     alpha_ess = (1 + CV(w_bar)^2)^(-1/2),    CV = std(w_bar) / mean(w_bar)
@@ -46,7 +46,7 @@ ratio r_t = exp(d_t), w_bar_t = min(r_t, C) and w_t the weight the correction ap
 | `ais/cv`                  | std(w_bar) / mean(w_bar), ddof = 1                  | mean   |
 | `ais/degenerate`          | 1 if n < 2 (AIS then applies alpha = 0), else 0     | mean   |
 | `ais/ess_ratio_truncated` | 1 / (1 + cv^2) = alpha_ess^2: ESS / n of the        | mean   |
-|                           | truncated weights w_bar, ddof = 1 (SPEC section 3)  |        |
+|                           | truncated weights w_bar, ddof = 1 (design.md section 3)  |        |
 | `ais/mismatch`            | mean abs(d_t), the same value as mismatch/mean_abs  | mean   |
 | `ais/var_ratio`           | Delta_sig = std(A w_bar) / (std(A) + eps), ddof = 1 | mean   |
 | `is/weight_mean`          | mean w_t                                            | mean   |
@@ -65,7 +65,7 @@ With n = 0, means are 0 and `ais/alpha_ess`, `ais/degenerate`, both ESS ratios a
 `mismatch/ratio_max` are 1.
 
 The two ESS ratios are different quantities and named apart: `ais/ess_ratio_truncated` is the
-one AIS acts on (truncated weights, ddof 1: SPEC's alpha_ess^2), `mismatch/ess_ratio_raw` the
+one AIS acts on (truncated weights, ddof 1: design.md's alpha_ess^2), `mismatch/ess_ratio_raw` the
 raw-weight (Kish) ESS other libraries log. "reduce" is how per-minibatch values combine into
 one per step (`reduce_minibatch_metrics`): maxima, whose keys all end in `_max`, by max;
 everything else by mean.
@@ -110,7 +110,7 @@ def _clip_value(clip: object) -> float:
 
 
 def _diagnostic_settings(clip, delta, gamma, beta_var, eps) -> dict[str, float]:
-    """Validated (clip, delta, gamma, beta_var, eps) of the AIS diagnostics (SPEC section 3)."""
+    """Validated (clip, delta, gamma, beta_var, eps) of the AIS diagnostics, design.md section 3."""
     return dict(
         clip=_clip_value(clip),
         delta=number("delta", delta, lambda x: x > 0, "a finite float > 0"),
@@ -191,7 +191,7 @@ def _mismatch(log_ratio_BT: jax.Array, valid_BT: jax.Array, clip: float) -> Metr
 
 
 def _ais_statistics(advantages_BT, log_ratio_BT, valid_BT, *, clip, delta, gamma, beta_var, eps):
-    """The AIS diagnostics of SPEC section 3 over valid tokens; alpha = 0 if < 2 valid tokens."""
+    """The AIS diagnostics (design.md section 3) over valid tokens; alpha = 0 if < 2 valid."""
     w_bar_BT = jnp.minimum(jnp.exp(log_ratio_BT), clip)
     cv = _std(w_bar_BT, valid_BT) / jnp.maximum(_mean(w_bar_BT, valid_BT), 1e-30)
     alpha_ess = jax.lax.rsqrt(1.0 + cv**2)

@@ -75,8 +75,8 @@ probabilities of the sampled sequence under the two sampling processes (intracta
 masked-diffusion sampler; the rollout's actual behaviour also depends on the remasking order
 and temperature, neither of which enters the estimator). It is the importance ratio between the
 two *surrogate* token policies that diffu-GRPO's objective is written in, which is where the
-AIS/TIS corrections of SPEC.md apply. With a new mask per inner update, logp_rollout has to be
-evaluated with the rollout params on each update's key (d1 computes every iteration's old
+AIS/TIS corrections of docs/design.md apply. With a new mask per inner update, logp_rollout has
+to be evaluated with the rollout params on each update's key (d1 computes every iteration's old
 log-probs when the rollout is made); `DiffusionRollout.logp` is the one for ``logp_key``. The
 sampler's temperature is not part of the estimator (as in d1): logits are not scaled.
 

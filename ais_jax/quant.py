@@ -1,6 +1,6 @@
 """Low-precision rollout weights: one pytree type and ONE matmul wrapper.
 
-The rollout engine of SPEC.md section 1 runs every linear layer as W8A8 FP8 with per-tensor
+The rollout engine of docs/design.md section 1 runs every linear layer as W8A8 FP8 with per-tensor
 dynamic scaling:
 
     s_w = max|W| / fmax          once per weight sync     (fmax = 448 for float8_e4m3fn)

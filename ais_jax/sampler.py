@@ -642,7 +642,7 @@ def token_logprobs(
 ):
     """Log-probs ``[B, T]`` (float32) of given response tokens under a full-sequence forward.
 
-    This is logp_train of SPEC.md: ``log_softmax(logits / temperature)`` over the full
+    This is logp_train of docs/design.md: ``log_softmax(logits / temperature)`` over the full
     vocabulary, 0 where ``mask_BT`` is 0. With ``return_entropy`` also the per-token entropy
     ``-sum_v p_v log p_v`` of that distribution. Jit it (or the function that calls it)
     yourself.

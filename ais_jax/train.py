@@ -1,4 +1,4 @@
-"""The GRPO + AIS training step: pure functions, each jitted once as a phase (SPEC.md section 4).
+"""The GRPO + AIS step: pure functions, each jitted once as a phase (docs/design.md section 4).
 
 One step of training is four jitted calls and a little host work:
 

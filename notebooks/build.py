@@ -372,7 +372,7 @@ FP8_MISMATCH = [
       (`mismatch/k1` > 0). That systematic part is the bias of uncorrected training; the
       spread around it is the variance a sequence-level weight would have to absorb.
     - Random weights of std 0.2 are harsher than a trained model: on a small trained model the
-      project measured an E4M3 gap of 0.001 to 0.019 nats per token (`SPEC.md` section 7),
+      project measured an E4M3 gap of 0.001 to 0.019 nats per token (`docs/design.md` section 7),
       growing with training as activation outliers grow. Always report the measured mismatch
       next to a result.
 
@@ -742,7 +742,7 @@ TRAIN_TINY = [
     $\alpha_\text{mis} = \bar d/\delta$ sets $\alpha$, so $\alpha$ rises and falls with the
     measured mismatch; with 64 responses of a few tokens the weights are close to 1, the ESS
     ratio stays near 1 and $\alpha_\text{var}$ near 0. This is what the project measured at toy
-    scale before writing any code (`SPEC.md` section 7): to see the reliability and variance
+    scale before writing any code (`docs/design.md` section 7): to see the reliability and variance
     terms act, use longer responses (`task.options={..., show_work: true}` writes out the
     column-by-column derivation) or a harsher rollout format (`rollout.format=float4_e2m1fn`).
     To compare corrections side by side, `ais-jax compare` runs the BF16, FP8, FP8+TIS and

@@ -1,7 +1,7 @@
 """Float64 NumPy references shared by several test modules, written independently of ais_jax.
 
-`ais` is SPEC section 3 (adaptive importance sampling) from the raw log-probs: every diagnostic,
-alpha and the corrected advantages. `softmax_logp` is a small softmax policy, logits =
+`ais` is docs/design.md section 3 (adaptive importance sampling) from the raw log-probs: every
+diagnostic, alpha and the corrected advantages. `softmax_logp` is a small softmax policy, logits =
 features @ theta, whose gradients the GRPO tests derive by hand.
 """
 

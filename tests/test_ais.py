@@ -100,7 +100,7 @@ def test_worked_example_to_three_decimals(layout):
     assert [round(x, 3) for x in a_tilde.tolist()] == [0.997, 0.400, -0.234, -1.478]
 
 
-# beta_var (SPEC leaves it open; 0 switches the variance penalty off), drawn with the batch;
+# beta_var (design.md leaves it open; 0 switches the variance penalty off), drawn with the batch;
 # gamma = 0.6 puts alpha_var > 0 on most batches, so beta_var moves alpha there (gamma = 1.2,
 # the paper's, with the default beta_var). One compiled correction per setting.
 BETA_GAMMA = ((0.0, 0.6), (0.5, 0.6), (1.0, 1.2), (2.0, 0.6))
@@ -278,7 +278,7 @@ def test_hand_checked_levels_and_mismatch_metrics():
 
 
 def test_metric_names_say_which_weights_and_estimator():
-    """`ais/ess_ratio_truncated` is 1 / (1 + CV^2) of w_bar = min(rho, C) with ddof 1 (SPEC's
+    """`ais/ess_ratio_truncated` is 1 / (1 + CV^2) of w_bar = min(rho, C) with ddof 1 (design.md's
     alpha_ess^2); `mismatch/ess_ratio_raw` is Kish's (sum r)^2 / (n sum r^2) of the raw ratios;
     `mismatch/ratio_max` is the largest raw ratio and `is/weight_max` the largest weight the
     correction applied. A ratio above C makes each pair differ."""
@@ -412,7 +412,7 @@ def test_level_error_lists_allowed_values():
 # A softmax policy over PV ids with a small parameter matrix: logits_BTV = features_BTF @
 # theta_FV. Each correction is judged by the gradient of the GRPO loss (default
 # seq_mean_token_mean aggregation, PPO clip 0.2) with respect to logp_new and to theta, against
-# SPEC's formulas evaluated in float64 NumPy.
+# design.md's formulas evaluated in float64 NumPy.
 PB, PT, PF, PV = 8, 12, 3, 7
 C_TIS = 2.0
 # MIS bands per level: a sequence's mean log-ratio spreads ~sqrt(T) less than its tokens'
@@ -489,7 +489,7 @@ def _level_log_rho(log_rho_BT, valid_BT, level):
 
 
 def reference_corrected_advantages(arm, batch):
-    """A_tilde [B, T] by SPEC's formula of `arm`, in float64 from the float32 inputs."""
+    """A_tilde [B, T] by design.md's formula of `arm`, in float64 from the float32 inputs."""
     a_BT = _broadcast(batch["advantages"], batch["mask"].shape).astype(np.float64)
     valid_BT = batch["mask"] != 0
     log_rho_BT = np.clip(
@@ -574,8 +574,8 @@ def test_policy_batches_exercise_every_branch(seed):
 @pytest.mark.parametrize("arm", POLICY_ARMS)
 def test_each_correction_moves_the_gradient_as_its_formula_says(arm, seed):
     """The loss gradient under each correction is the float64 gradient of the GRPO loss with
-    SPEC's corrected advantages (TIS: min(rho, C) A; AIS: (1 + alpha (min(rho, C) - 1)) A with
-    SPEC's alpha; MIS: A where rho is in [low, high], else 0; at token, sequence and geometric
+    design.md's corrected advantages (TIS: min(rho, C) A; AIS: (1 + alpha (min(rho, C) - 1)) A with
+    design.md's alpha; MIS: A where rho is in [low, high], else 0; at token, sequence and geometric
     level), and differs from the uncorrected gradient by far more than the tolerance.
 
     Tolerance: 1e-5 relative, per element of d loss / d logp_new and relative to sum |terms|

@@ -255,3 +255,24 @@ def test_readme_config_table_names_every_setting_with_its_default():
         assert len(values) == len(keys), (keys, defaults)
         for key, value in zip(keys, values, strict=True):
             assert _table_value(value) == leaves[key], (key, value, leaves[key])
+
+
+def test_cited_design_sections_exist_in_the_repository():
+    """Every "design.md section N" cited in the code, the tests, the benchmarks and the notebooks
+    is a heading of docs/design.md's specification, and nothing cites the design documents that
+    live outside the repository (SPEC.md, ARCHITECTURE.md)."""
+    root = README.parent
+    design = (root / "docs" / "design.md").read_text()
+    spec = design[design.index("# Part 1") : design.index("# Part 2")]
+    headings = set(re.findall(r"^## (\d+)\. ", spec, re.M))
+    assert headings == {str(n) for n in range(1, 8)}, headings
+    sources = [*root.glob("ais_jax/**/*.py"), *root.glob("tests/*.py"), *root.glob("benchmarks/*")]
+    sources += [root / "notebooks" / "build.py", README]
+    cited, outside = set(), []
+    for path in sources:
+        if path.is_file() and path.name != Path(__file__).name:
+            text = path.read_text()
+            cited |= {(path.name, n) for n in re.findall(r"design\.md`? section (\d+)", text)}
+            outside += [path.name for name in ("SPEC.md", "ARCHITECTURE.md") if name in text]
+    assert cited and all(n in headings for _, n in cited), sorted(cited)
+    assert not outside, outside

@@ -1,4 +1,4 @@
-"""Integration specifications of the GRPO training job (`job.run_training`, SPEC section 4).
+"""Integration specifications of the GRPO training job (`job.run_training`, design.md section 4).
 
 Every arm of the paper (BF16 rollout, FP8 uncorrected, FP8 + TIS, FP8 + AIS) and the extras (MIS,
 an FP4 rollout, per-token activation scaling) runs a few RL steps of a one-layer model: each
