@@ -556,3 +556,21 @@ def test_smollm2_size_is_the_llama_preset_and_its_checkpoints_load(tmp_path):
     np.testing.assert_array_equal(
         params["layers"]["input_norm"][7], norms["blk.7.attn_norm.weight"]
     )
+
+
+def test_tunix_ais_bad_arm_and_size_name_the_value(capsys):
+    tunix_ais = _module("tunix_ais")
+    for argv, bad in ((["--arms", "tunix,vllm"], "vllm"), (["--sizes", "huge"], "huge")):
+        with pytest.raises(SystemExit):
+            tunix_ais.main(argv)
+        err = capsys.readouterr().err
+        assert bad in err and "allowed" in err, err
+
+
+@pytest.mark.slow
+def test_tunix_ais_worker_times_every_step_of_the_fp8_arm():
+    """One step of the FP8 + AIS arm: a step time and a rollout time, the FP8 mismatch logged."""
+    with jax.numpy_rank_promotion("allow"):  # tunix's own code broadcasts across ranks
+        result = _module("tunix_ais").worker("tunix+ais_jax-fp8", "tiny", warmup=0, steps=1, seed=0)
+    assert 0 < result["rollout_s"] < result["step_s"]
+    assert 0 < result["mismatch"] < 0.5 and "google-tunix 0.1.7" in result["versions"]
