@@ -46,6 +46,12 @@ Usage (a tunix ``model``, ``mesh``, optimizer and dataset as in tunix's own GRPO
     )
     learner.train(dataset)
 
+Nothing in tunix is patched. The one gap the learner bridges: tunix 0.1.7's
+`GRPOLearner._generate_and_compute_advantage` receives the rollout's `RolloutOutput.logprobs`
+from `RLCluster.generate` and drops them (its `TrainExample` has no field for them), so
+`GRPOLearner` wraps that one `generate` call, on the cluster instance and for the length of the
+method, to keep its output.
+
 Where this differs from tunix's own pieces:
 - `Rollout.get_per_token_logps` (tunix's "old" log-probs when ``num_iterations > 1``) scores with
   the trainer's weights and precision, not the FP8 copy, at the rollout temperature (tunix's
