@@ -33,7 +33,7 @@ function: changing them does not recompile. The loop is one ``lax.fori_loop`` ov
 static. Params may be the BF16 tree or its FP8 W8A8 copy (`quant.quantize_fp8`): the same
 `quant.linear` runs both. On CPU the loop reads the FP8 codes as bfloat16, widened once before
 it (`quant.widen_codes`; XLA:CPU has no FP8 dot and otherwise widened every weight at every
-step: the tiny model's FP8 rollout 1.22x faster, the same tokens; `benchmarks/fp8_codes.py`).
+step; the same tokens either way).
 The rollout's log-probs after the loop (`one_step_logp`) take the params as given, so they
 are the trainer-side estimator's on the same weights bit for bit.
 

@@ -4,22 +4,16 @@ compiler frees back to the operating system.
 XLA:CPU allocates each call's temporaries as one buffer (35 MB for the default job's SFT step)
 and frees it when the call ends. glibc maps blocks above 32 MB anew and unmaps them on ``free``,
 returns the top of a heap once 128 KB of it is free, and unmaps a thread arena's emptied heap:
-every call faulted its temporaries' pages in again (8,572 faults, ~30 ms of system time per
-85 ms SFT step). `reuse_freed_memory` tells glibc to keep freed memory instead (``mallopt``);
-`Run` sets it. On the default job shortened to 30 GRPO steps (2-core AMD EPYC, two runs each,
-`benchmarks/README.md`): 244-259 -> 193-202 s wall, its SFT 180-200 -> 143-152 s, 18.0M ->
-0.53-0.57M page faults, 68-73 -> 7 s of system time, peak resident memory 1.00-1.01 -> 1.04-1.06 GB;
-the results bit for bit the same. Blocks larger than a thread arena's 64 MB heap are still
-mapped anew (the benchmarks' GRPO updates, 0.4 and 3 GiB of temporaries: their step times did
-not change).
+every call faulted its temporaries' pages in again, a large share of a small step's time spent
+in the kernel. `reuse_freed_memory` tells glibc to keep freed memory instead (``mallopt``);
+`Run` sets it: the default job runs faster with far fewer page faults and a few percent more
+peak resident memory, the results bit for bit the same (measured: docs/benchmarks.md).
+Blocks larger than a thread arena's 64 MB heap are still mapped anew.
 
 XLA:CPU compiles each program with LLVM, whose allocations are freed when the compile ends,
 but glibc keeps freed heap pages for reuse: they stay in the process's resident memory. On the
-tiny benchmark model they were most of what a GRPO step held beyond its model and buffers:
-resident memory rose 0.31 GiB over the rollout's first call and 0.46 GiB over the update's
-compile, of which ``malloc_trim`` returned 0.22 and 0.38 GiB, and the peak over four steps
-fell from 1.45 to 1.09 GiB (from 1.29 to 0.94 GiB once `model.recompute_in_backward` had cut
-the update's temporaries; `benchmarks/README.md`).
+tiny benchmark model they were most of what a GRPO step held beyond its model and buffers, and
+``malloc_trim`` returned most of them (measured: docs/benchmarks.md).
 
 `release_after_compiles` asks glibc to return its free pages after every compile of at least
 `MIN_COMPILE_S`; `Run` installs it. Elsewhere (macOS, musl) both do nothing.
@@ -41,7 +35,7 @@ KEEP_FREE_BYTES = 1 << 30
 # Each heap keeps this much free room at its top (glibc: 128 KB); it also stops glibc unmapping
 # a thread arena's emptied 64 MB heap, which the trim threshold does not govern.
 TOP_PAD_BYTES = 64 << 20
-# Shorter compiles leave little to return, and each trim costs ~10 ms (it walks the heap).
+# Shorter compiles leave little to return, and each trim walks the whole heap.
 MIN_COMPILE_S = 0.1
 
 

@@ -35,8 +35,8 @@ on its padding. LLaDA's reference uses absolute positions 0..S-1 with padding: R
 on position differences only, so that is the same function (up to rounding) on every valid
 position.
 
-Dimensions (README's key): B rows, S positions, V vocabulary (LLaDA's ``embedding_size``), D
-model, L layers, H query heads, K kv heads, E = D / H head dim, F MLP.
+Dimensions (docs/design.md's key): B rows, S positions, V vocabulary (LLaDA's
+``embedding_size``), D model, L layers, H query heads, K kv heads, E = D / H head dim, F MLP.
 """
 
 from __future__ import annotations

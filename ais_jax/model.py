@@ -38,11 +38,11 @@ then run `qwen35.py`'s functions of the same name (`_family`), so the sampler, t
 the memory plan see one interface for both families. `head_logits` and `cast_params` are the
 same for both.
 
-Dimensions (the README's key): B rows, S sequence positions (a `forward`'s tokens; a KV cache's
-slots), V vocabulary, D model, L layers, H query heads, K kv heads, R = H // K, E head dim,
-F MLP; and Q: the query positions of one attention call (Q = S in `forward`; in
-`forward_cached` the Q new tokens it appends to the cache's S slots: the prompt in a prefill,
-one in a decode step). The layer functions shared by both call their positions S.
+Dimensions (docs/design.md's key): B rows, S sequence positions (a `forward`'s tokens; a KV cache's
+slots), V vocabulary, D model, L layers, H query heads, K kv heads, R = H // K, E head dim, F MLP;
+and Q: the query positions of one attention call (Q = S in `forward`; in `forward_cached` the Q new
+tokens it appends to the cache's S slots: the prompt in a prefill, one in a decode step). The layer
+functions shared by both call their positions S.
 """
 
 from __future__ import annotations
@@ -238,9 +238,8 @@ def attention(
 
 def _attention(q_BQHE, k_BKSE, v_BKES, allowed_BQS):
     """`attention`'s forward. (The earlier layout, queries as ``[B, Q, K, R, E]`` inside the
-    einsums, took 15% longer per layer for the attention forward and backward of the
-    benchmarks' tiny GRPO update on XLA:CPU, 19% longer for the small model's, and needed
-    einsums of its own for a decode step's Q = 1; benchmarks/README.md.)"""
+    einsums, was slower on XLA:CPU and needed einsums of its own for a decode step's Q = 1;
+    docs/benchmarks.md.)"""
     B, Q, H, E = q_BQHE.shape
     K = k_BKSE.shape[1]
     R = H // K
@@ -683,10 +682,9 @@ def _write_kv(k_BKSE, v_BKES, k_BQKE, v_BQKE, start) -> tuple[jax.Array, jax.Arr
 
     One 16-bit value slot on CPU (a decode step) is written with a select over the whole cache
     rather than a dynamic-update-slice: XLA:CPU's 16-bit update is not in place either way
-    (`_write_slots`), and along the values' minor slot axis its element-by-element copy took
-    340 us where the vectorised select takes 94 (the benchmarks' tiny model at batch 128, per
-    layer and step; the whole `generate` 7-10% faster: benchmarks/README.md). The stored values
-    are the same.
+    (`_write_slots`), and along the values' minor slot axis its element-by-element copy is
+    several times slower than the vectorised select (docs/benchmarks.md). The stored
+    values are the same.
     """
     k_BKQE, v_BKEQ = _cache_layout(k_BQKE, v_BQKE)
     k_BKSE = _write_slots(k_BKSE, k_BKQE, (0, 0, start, 0))

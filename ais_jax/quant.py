@@ -13,7 +13,7 @@ contraction is row-major x column-major, the form XLA's GPU GEMM rewriter lowers
 FP8 GEMM on Hopper (scalar scales, `preferred_element_type=float32`). On CPU and TPU the same
 code runs (XLA converts the FP8 operands where the hardware has no FP8 units). The sampler's
 few-row decode steps on a GPU multiply the same codes as bfloat16 instead (`step_operands`,
-`QArray.operand_dtype`): at 64 rows cuBLASLt's FP8 GEMM was slower than the BF16 one.
+`QArray.operand_dtype`): at few rows cuBLASLt's FP8 GEMM was slower than the BF16 one.
 
 `linear(x, w)` is the only matmul of the model: a plain array `w` gives the BF16/FP32 trainer
 path, a `QArray` gives the quantized rollout path, so both policies are literally the same
@@ -121,7 +121,7 @@ class QArray:
 
 
 # `Columns` weights multiply at most this many rows as ``(w @ x^T)^T``; more rows take the plain
-# ``x @ w^T`` (from 256 rows on XLA:CPU's plain form is the faster one; benchmarks/README.md).
+# ``x @ w^T`` (at more rows XLA:CPU's plain form is the faster one; docs/benchmarks.md).
 COLUMNS_MAX_ROWS = 128
 
 
@@ -130,10 +130,10 @@ class Columns:
     """A plain ``[O, I]`` weight in the model's layout, marked for the sampler's CPU decode
     path: a float32 product over at most `COLUMNS_MAX_ROWS` rows runs as ``(w @ x^T)^T``, the
     weight on the left and the activations as ``[I, rows]`` columns. XLA:CPU's float32 GEMM
-    runs that form up to 2.3x faster than ``x @ w^T`` (or than ``x`` times a transposed ``[I,
-    O]`` copy) at 8-128 rows on the Qwen3-0.6B shapes (benchmarks/README.md), and it needs no
-    copy of the weight. Optimization barriers keep XLA from folding the two small transposes
-    back into the dot. Other products (more rows, 16-bit operands) are the plain ones."""
+    runs that form faster than ``x @ w^T`` (or than ``x`` times a transposed ``[I, O]`` copy)
+    at few rows (docs/benchmarks.md), and it needs no copy of the weight. Optimization barriers
+    keep XLA from folding the two small transposes back into the dot. Other products (more rows,
+    16-bit operands) are the plain ones."""
 
     w_OI: jax.Array
 
@@ -199,9 +199,8 @@ def widen_codes(w: QArray, backend: str | None = None) -> QArray:
     has no FP8 dot: it widened the codes to float32 at every call, which in the decode loop
     (compiled without invariant code motion, `sampler.compiler_options`) is every weight at every
     step. Done once before the loop (`sampler.decode_params`; LLaDA's loop in
-    `diffusion_sampler.generate_arrays`), the FP8 rollouts of the benchmarks' models ran
-    1.22-1.92x faster (`benchmarks/fp8_codes.py`). Off CPU the FP8 codes stay: they are the FP8
-    GEMM's operands."""
+    `diffusion_sampler.generate_arrays`), CPU FP8 rollouts run markedly faster
+    (docs/benchmarks.md). Off CPU the FP8 codes stay: they are the FP8 GEMM's operands."""
     backend = jax.default_backend() if backend is None else backend
     if backend != "cpu" or w.quant.dtype == jnp.bfloat16:
         return w
@@ -222,11 +221,10 @@ def widen_tree_codes(params: Any, backend: str | None = None) -> Any:
 OPERAND_DTYPES = (None, "storage", "bfloat16")  # `QArray.operand_dtype`
 
 # Below this many rows, a matmul off CPU multiplies the FP8 codes as bfloat16 (`step_operands`).
-# On one H200 (jax 0.11.2, benchmarks/README.md), cuBLASLt's FP8 GEMM read a Qwen3-8B layer's
-# weights at 64 rows at about a third of the BF16 GEMM's bytes per second, and 64-row FP8
-# decode ran at 0.79x BF16; with bfloat16 operands, a Triton GEMM widening the 1-byte codes as
-# it loads them, 1.06x. At 256 rows the FP8 GEMM's decode was level with BF16 (1.00x), and the
-# prefill's thousands of rows ran 1.5x faster with FP8 operands, so those keep them.
+# On one H200 (docs/benchmarks.md, "The second H200 lease"), cuBLASLt's FP8 GEMM read a
+# Qwen3-8B layer's weights at 64 rows well below the BF16 GEMM's bytes per second, and bfloat16
+# operands (a Triton GEMM widening the 1-byte codes as it loads them) were the faster decode; from
+# 256 rows the FP8 GEMM was level with BF16 and the prefill faster with FP8 operands.
 FP8_GEMM_MIN_ROWS = 256
 
 
@@ -289,14 +287,13 @@ def dot_dtype(dtype, rows: int, backend: str | None = None) -> jnp.dtype:
     summation order can differ. The backward pass is unchanged too (JAX's transpose of a
     bfloat16 dot already multiplies float32 cotangents by the operands upcast, and rounds the
     gradients to bfloat16, as the casts' transposes do here). XLA:CPU's float32 GEMMs are
-    faster than its bfloat16 ones from about 64 rows on (a GRPO update of the benchmarks' tiny
-    model: 1.17 vs 1.35 s). Yet the threshold stays at 4096 rows, above a GRPO batch's decode
+    faster than its bfloat16 ones from some tens of rows on. Yet the threshold stays at 4096
+    rows, above a GRPO batch's decode
     step: another summation order is another bf16 rounding now and then, and a BF16 rollout
     is the trainer's policy bitwise only while its decode steps and the trainer's re-score
-    run the same kind of kernel. From 128 rows on, batch-128 bf16 rollouts ran 1.15x (tiny),
-    1.24x (small) and 1.15x (Qwen3-0.6B) faster (`benchmarks/dot_dtype.py`), but the BF16
+    run the same kind of kernel. A threshold of 128 rows made bf16 rollouts faster, but the BF16
     arm's rollout-vs-trainer mismatch on `configs/compare.yaml` rose from 0-4e-8 to 1.2e-4
-    nats per token: the experiments' control arm has to stay on-policy
+    nats per token (docs/benchmarks.md): the experiments' control arm has to stay on-policy
     (`test_bf16_rollout_of_a_grpo_batch_is_the_trainers_policy`). Runs whose re-score or
     update reaches 4096 rows (128 responses of 32 tokens or more) still mix the two kernels,
     so their BF16 rollouts are on-policy to float32 summation order only."""
@@ -314,7 +311,7 @@ def linear(
 
     A plain array ``w`` (or `Columns`) runs on ``x.dtype`` operands (bf16 or f32 trainer path;
     held as float32 where `dot_dtype` says so) with float32 accumulation, rounded once to
-    ``out_dtype``. (Asking XLA:CPU for a bf16 result directly is up to 4x slower for the same
+    ``out_dtype``. (Asking XLA:CPU for a bf16 result directly is slower for the same
     numbers.) A `QArray` runs the W8A8 path: ``x`` is quantized with a dynamic scale (masked
     rows excluded) and the dot takes the low-precision operands (or the same codes as
     bfloat16, `QArray.operand_dtype`) with float32 accumulation, rescaled by both scales.

@@ -69,7 +69,7 @@ the Hugging Face ``[out, in]`` layout (L layers, La = full-attention layers, Ll 
 
 Layer i of kind k is entry ``config.kind_index[i]`` of its kind's stacks.
 
-Dimensions: the README's key (B, S, V, D, L, H, K, R, E, F) plus, for a linear-attention layer,
+Dimensions: docs/design.md's key (B, S, V, D, L, H, K, R, E, F) plus, for a linear-attention layer,
 J key heads, U value heads, I key head dim, O value head dim, W = 2*J*I + U*O conv channels,
 X conv taps, Y chunks and Z tokens per chunk.
 """

@@ -292,7 +292,7 @@ def _summary_writer_class() -> type:
     """tensorboardX's `SummaryWriter`, imported only by runs that log, and without torch.
 
     tensorboardX imports torch at import time when it is installed, only to accept torch
-    tensors (we log Python floats); that import took 2.4-4 s of every run's start here. Unless
+    tensors (we log Python floats), which costs seconds at every run's start. Unless
     torch is already loaded, it is hidden for the duration of the import (a ``None`` entry in
     `sys.modules` makes ``import torch`` raise ImportError, which tensorboardX handles)."""
     if "torch" in sys.modules:

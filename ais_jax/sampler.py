@@ -28,18 +28,18 @@ distribution: every layout holds the same numbers (a dot may sum them in another
 - ``"out_in_columns"``: unquantized matmul weights (and the LM head) in the model's ``[out,
   in]`` layout, marked `quant.Columns`: a float32 product over at most
   `quant.COLUMNS_MAX_ROWS` rows (every decode step of a batch up to that size) runs as ``(w @
-  x^T)^T``, which XLA:CPU's float32 GEMM runs 1.1-2.3x faster than ``x @ w^T`` or a transposed
-  ``[in, out]`` copy (benchmarks/README.md). The default on CPU for float32 models.
+  x^T)^T``, which XLA:CPU's float32 GEMM runs faster than ``x @ w^T`` or a transposed
+  ``[in, out]`` copy (docs/benchmarks.md). The default on CPU for float32 models.
 - ``"out_in"``: the same weights, plain: every product is ``x @ w^T`` (the form of the FP8 GEMM
   and of cuBLAS / TPU matmuls). The default on GPU and TPU, and on CPU for 16-bit and FP8
-  models (XLA:CPU's bfloat16 ``(w @ x^T)^T`` is several times slower than its ``x @ w^T``).
+  models (XLA:CPU's bfloat16 ``(w @ x^T)^T`` is much slower than its ``x @ w^T``).
 - ``"out_in_columns_fused"``, ``"out_in_fused"``: either, with every Qwen3/Qwen2 layer's
   q/k/v and gate/up weights held as one weight each (`model.fuse_projections`, a copy made
   before the loop): two matmuls per layer where there were five, with the same products.
-  Never the default: on CPU, batch-128 FP8 rollouts of the benchmarks' tiny and small models
-  ran 7-21% faster, bf16 and float32 ones within about 5% either way, batch-8 tiny ones 7-20%
-  slower (`benchmarks/fused_projections.py`); on a GPU, where a decode step's time is
-  largely kernel launches, `benchmarks/gpu_fp8.py`'s ``*-fused`` arms are still to be run.
+  Never the default: on CPU they helped large-batch FP8 rollouts, left bf16 and float32 ones
+  about even and slowed small batches (docs/benchmarks.md); on a GPU, where a decode
+  step's time is largely kernel launches, `benchmarks/gpu_fp8.py`'s ``*-fused`` arms are still
+  to be run.
   Qwen3.5 layers keep their projections apart.
 
 ``layout="auto"`` (the default) is resolved by `default_layout` from `jax.default_backend()`
@@ -48,12 +48,12 @@ CPU test suite. Under every layout, quantized weights keep the ``[out, in]`` lay
 GEMM, and on CPU, which has no FP8 dot, their codes are held as bfloat16 (`quant.widen_codes`:
 the same numbers, converted once before the loop instead of at every step). On a GPU the prefill
 multiplies FP8 operands, and decode steps of fewer than `quant.FP8_GEMM_MIN_ROWS` rows the same
-codes as bfloat16 (`quant.step_operands`: cuBLASLt's FP8 GEMM was the slower at 64 rows).
+codes as bfloat16 (`quant.step_operands`: cuBLASLt's FP8 GEMM was the slower at few rows).
 
 On CPU the program compiles with `compiler_options`: without XLA's while-loop invariant code
 motion, which hoisted a transposed copy of every ``[out, in]`` weight (and a float32 copy of the
 embedding table) out of the decode loop, so that each step's few-row matmuls read the slow
-layout (a Qwen3-0.6B-shaped bf16 batch-8 decode took 1.6x as long; benchmarks/README.md).
+layout (a Qwen3-0.6B-shaped bf16 decode took markedly longer; docs/benchmarks.md).
 
 Which log-prob goes into the importance ratio
 ---------------------------------------------
@@ -330,9 +330,9 @@ def compiler_options(backend: str | None = None) -> dict[str, str]:
     program passes them to its `jax.jit` (the outer program's options are the ones XLA uses).
 
     On CPU, XLA's while-loop invariant code motion is off. It hoisted a transposed copy of every
-    ``[out, in]`` weight and a float32 copy of the embedding table out of the decode loop: 1.6x
-    slower steps in bfloat16 on the Qwen3-0.6B shape at batch 8 (the few-row matmuls then read
-    ``[in, out]``; benchmarks/README.md), and the copies' memory on top of the weights.
+    ``[out, in]`` weight and a float32 copy of the embedding table out of the decode loop:
+    slower steps (the few-row matmuls then read ``[in, out]``; docs/benchmarks.md), and the
+    copies' memory on top of the weights.
     """
     backend = jax.default_backend() if backend is None else backend
     if backend != "cpu":

@@ -16,12 +16,12 @@ rollout's log-probs are from the trainer's re-score of its own tokens under that
 (`sampler.token_logprobs` with one prompt per group, the update's path): 0 means the BF16
 rollout is the trainer's policy bit for bit. ``--excess-precision off`` compiles both programs
 with XLA's ``xla_allow_excess_precision`` off, so no fusion skips a bfloat16 rounding between
-elementwise ops (on by default in XLA; benchmarks/README.md, "Where the float32 GEMMs
+elementwise ops (on by default in XLA; docs/benchmarks.md, "Where the float32 GEMMs
 differ").
 
 The library keeps 4096: below a GRPO batch's decode rows the rollout and the trainer's
 re-score run different kernels and the BF16 arm stops being on-policy bit for bit
-(benchmarks/README.md, "Float32 operands from 128 rows").
+(docs/benchmarks.md, "Float32 operands from 128 rows").
 
     python benchmarks/dot_dtype.py                                       # tiny and small, b128
     python benchmarks/dot_dtype.py --sizes qwen3-0.6b --batches 8,32,128 --new-tokens 32 --rounds 2

@@ -33,7 +33,7 @@
 # none. Still unmeasured: `generate` as it now runs (FP8 prefill, bf16-operand steps) against
 # FP8 GEMMs throughout at the threshold's untested point, 128 rows:
 # FP8_ARGS="--models qwen3-8b --batches 128 --arms bf16,fp8,fp8-storage" PARTS=fp8. And
-# whether the decode step's per-kernel cost (~3.2 us a launch, benchmarks/README.md) shrinks
+# whether the decode step's per-kernel cost (~3.2 us a launch, docs/benchmarks.md) shrinks
 # when XLA records the whole loop as one CUDA graph: the same call with XLA_FLAGS=
 # "--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,WHILE,CONDITIONAL" set.
 # Session 32 added the fused-projection arms (fewer launches: q/k/v and gate/up one matmul

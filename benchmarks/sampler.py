@@ -117,7 +117,7 @@ PEER_ROOT = Path(os.environ.get("AIS_BENCH_PEERS", "/work/peers"))
 RESULT_TAG = "BENCH_RESULT "
 SETUP_HINT = "bash benchmarks/peers_setup.sh"
 # jaxlib 0.10.2's XLA:CPU runs dots as YNNPACK fusions by default; this empties that list, so
-# dots go back to Eigen (`--ais-xla-flags`; benchmarks/README.md).
+# dots go back to Eigen (`--ais-xla-flags`; docs/benchmarks.md).
 EIGEN_DOTS = "--xla_cpu_experimental_ynn_fusion_type="
 
 

@@ -8,7 +8,7 @@ the same prompts. The job must gain at least 8 points, a net 82 of the 1,024 pai
 with no learning the net change is a sum of +-1 over the prompts that flip, whose standard
 deviation is the square root of their number: 13 prompts even if 160 flipped.
 
-How far that is from the edge (greedy held-out %, start -> after 30 steps; benchmarks/README.md,
+How far that is from the edge (greedy held-out %, start -> after 30 steps; docs/benchmarks.md,
 "Attention as plain batched matmuls"): seeds 0-3 on 6816ab9 60.9 -> 76.7, 59.8 -> 91.1,
 58.6 -> 82.1, 59.0 -> 93.6 (+15.8 to +34.6); seeds 0-4 on 488dc45, the attention layout
 before, +12.9 to +29.2. The warm start is what varies most: seed 2's ended at 47.2% there.
