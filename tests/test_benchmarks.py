@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ais_jax import quant, sampler
+from ais_jax import sampler
 from ais_jax.hf import load_hf
 from ais_jax.model import init_params
 from ais_jax.quant import quantize_fp8
@@ -130,164 +130,6 @@ def test_grpo_step_rounds_report_each_round_and_the_median(capsys):
     assert rows["2"] == ["1.50x", "1.00x"]
     assert rows["3"] == ["1.50x", "1.50x"]
     assert rows["median"] == ["1.50x", "1.50x"]
-
-
-def _rescore_gaps(cell: str) -> list[tuple[float, float]]:
-    """dot_dtype.py's last column, ``"max / mean, max / mean, ..."``: one pair per threshold."""
-    return [tuple(float(x) for x in pair.split(" / ")) for pair in cell.split(", ")]
-
-
-@pytest.mark.slow
-def test_dot_dtype_compiles_each_threshold_and_compares_with_the_first(capsys):
-    """benchmarks/dot_dtype.py traces each `quant.CPU_FLOAT32_DOT_MIN_ROWS` in its own
-    program (the constant is read at trace time, and restored after), and reports each one's
-    speed-up and outputs against the first threshold's, and each one's rollout against the
-    trainer's re-score."""
-    from ais_jax import quant
-
-    dot_dtype = _module("dot_dtype")
-    saved = quant.CPU_FLOAT32_DOT_MIN_ROWS
-    dot_dtype.main(
-        "--sizes tiny --batches 8 --new-tokens 3 --rounds 1 --min-rows 4096,4096,1".split()
-    )
-    assert quant.CPU_FLOAT32_DOT_MIN_ROWS == saved
-    lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("CPU: ")
-    cells = [c.strip() for c in lines[-1].split("|")[1:-1]]
-    assert cells[:2] == ["tiny", "8"]
-    assert all(float(c) > 0 for c in cells[2:5])  # seconds per call, one per threshold
-    assert cells[5].endswith("x") and cells[6].endswith("x")
-    same, diff = cells[7].split(", "), [float(d) for d in cells[8].split(", ")]
-    assert same[0] == "True" and diff[0] == 0.0  # the same threshold: the same program's output
-    assert diff[1] < 1e-2  # float32 operands: the same products summed in another order
-    gap = _rescore_gaps(cells[9])
-    # one (max, mean) per threshold, the same program twice alike; every rollout is near its
-    # re-score (batch 8, 3 tokens measured 4.8e-7 / 0; a bf16 flip at batch 128 is 1e-2,
-    # test_sampler)
-    assert len(gap) == 3 and gap[0] == gap[1], gap
-    assert all(0 <= mean <= worst < 1e-5 for worst, mean in gap), gap
-
-    config = dot_dtype.CONFIGS["tiny"]()
-    params = init_params(config, jax.random.key(0), jnp.bfloat16)
-    prompts = jnp.ones((8, 32), jnp.int32)
-    for min_rows, operand in ((9, "bf16"), (8, "f32")):  # a decode step multiplies 8 rows
-        lowered, _ = dot_dtype.lower_generate(
-            params, config, prompts, min_rows, new_tokens=2, group=8
-        )
-        dots = [ln.split(":")[-1] for ln in lowered.as_text().splitlines() if "dot_general" in ln]
-        decode = [d for d in dots if d.startswith(" (tensor<8x1x")]  # the weight matmuls
-        assert len(decode) == 29  # 7 per layer and the LM head
-        assert all(d.split("->")[0].count(f"x{operand}>") == 2 for d in decode), decode
-
-
-@pytest.mark.slow
-def test_fp8_codes_compares_stored_and_widened_codes(capsys):
-    """benchmarks/fp8_codes.py traces the stored-codes arm with the widening off (restored
-    after) and the widened arm with it, for Qwen3 and LLaDA: the first Qwen3 program holds one
-    layer's FP8 weight, the second none; it reports seconds per call for both and BF16, the
-    ratios and the outputs' match."""
-    from ais_jax import diffusion_sampler
-
-    fp8_codes = _module("fp8_codes")
-    fp8_codes.main("--sizes tiny,llada-tiny --batches 8 --new-tokens 3 --rounds 1".split())
-    assert sampler.widen_codes is quant.widen_codes
-    assert diffusion_sampler.widen_tree_codes is quant.widen_tree_codes
-    lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("CPU: ")
-    for line, size in zip(lines[-2:], ("tiny", "llada-tiny"), strict=True):
-        cells = [c.strip() for c in line.split("|")[1:-1]]
-        assert cells[:2] == [size, "8"]
-        assert all(float(c) > 0 for c in cells[2:5])  # seconds per call: stored, widened, bf16
-        assert cells[5].endswith("x") and cells[6].endswith("x")
-        assert cells[7] == "True" and float(cells[8]) < 1e-3  # same products, same draws here
-
-    config = fp8_codes.CONFIGS["tiny"]()
-    fp8 = quantize_fp8(init_params(config, jax.random.key(0), jnp.float32))
-    prompts = jnp.ones((8, 32), jnp.int32)
-    F, D = config.intermediate_size, config.hidden_size
-    for stored in (True, False):
-        compiled, _ = fp8_codes.compile_generate(
-            fp8, config, prompts, stored=stored, new_tokens=2, group=8
-        )
-        # one layer's FP8 weight, as the stored arm's steps widen it
-        layer_f8 = re.findall(rf"f8e4m3fn\[{F},{D}\]", compiled.as_text())
-        assert bool(layer_f8) == stored, stored
-
-
-def test_alternating_prompts_come_in_groups_and_calls_alternate():
-    """benchmarks/alternating.py: each prompt repeated over its group's rows (group capped at
-    the batch, an avoided id replaced by 0, a group not dividing the batch named); programs
-    warmed up once, then called ``rounds`` times each, every other round in reverse order."""
-    alternating = _module("alternating")
-    group, prompts_NP, prompts = alternating.grouped_prompts(7, 8, 4, 5, low=1)
-    assert group == 4 and prompts_NP.shape == (2, 5) and prompts.shape == (8, 5)
-    np.testing.assert_array_equal(prompts, np.repeat(prompts_NP, 4, axis=0))
-    assert prompts_NP.min() >= 1 and prompts_NP.max() <= 6 and len(np.unique(prompts_NP)) > 1
-    only_ones = alternating.grouped_prompts(2, 8, 4, 5, low=1)[1]
-    assert (only_ones == 1).all()
-    assert (alternating.grouped_prompts(2, 8, 4, 5, low=1, avoid=1)[1] == 0).all()
-    assert alternating.grouped_prompts(7, 2, 8, 5)[0] == 2
-    with pytest.raises(ValueError, match="--group 3 must divide the batch 8"):
-        alternating.grouped_prompts(7, 8, 3, 5)
-    calls = []
-    programs = {name: (lambda name=name: calls.append(name) or name, ()) for name in "ab"}
-    outputs, median_s = alternating.alternate(programs, rounds=3)
-    assert outputs == {"a": "a", "b": "b"} and set(median_s) == {"a", "b"}
-    assert calls == ["a", "b", "a", "b", "b", "a", "a", "b"]
-
-
-@pytest.mark.slow
-def test_fused_projections_compares_each_dtype_apart_and_fused(capsys):
-    """benchmarks/fused_projections.py compiles each dtype's default decode layout and its
-    ``_fused`` twin, and reports seconds per call, the ratio and the outputs' match: the same
-    rows and first-step log-probs here (the same products); bad names fail naming them."""
-    fused = _module("fused_projections")
-    fused.main("--sizes tiny --batches 8 --new-tokens 3 --rounds 1".split())
-    lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("CPU: ")
-    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in lines[-3:]]
-    assert [r[:4] for r in rows] == [
-        ["tiny", "8", "float32", "out_in_columns"],
-        ["tiny", "8", "bfloat16", "out_in"],
-        ["tiny", "8", "fp8", "out_in"],
-    ]
-    for cells in rows:
-        assert float(cells[4]) > 0 and float(cells[5]) > 0 and cells[6].endswith("x")
-        assert cells[7] == cells[8] == "8/8" and float(cells[9]) < 1e-5, cells
-    for argv, named in (("--sizes huge", "'huge'"), ("--dtypes fp4", "'fp4'")):
-        with pytest.raises(SystemExit):
-            fused.main(argv.split())
-        assert named in capsys.readouterr().err
-
-
-@pytest.mark.slow
-def test_dot_dtype_excess_precision_option_reaches_both_programs(capsys):
-    """``--excess-precision off`` compiles the rollout and the re-score with XLA's
-    ``xla_allow_excess_precision`` off: the header says so, the gaps stay near 0, and the
-    options do reach XLA in both programs (an unknown option name fails each compile)."""
-    dot_dtype = _module("dot_dtype")
-    assert dot_dtype.xla_options("on") == {}
-    assert dot_dtype.xla_options("off") == {"xla_allow_excess_precision": False}
-    argv = "--sizes tiny --batches 8 --new-tokens 3 --rounds 1 --min-rows 4096,1".split()
-    dot_dtype.main([*argv, "--excess-precision", "off"])
-    lines = capsys.readouterr().out.splitlines()
-    assert lines[0].endswith("XLA excess precision off")
-    cells = [c.strip() for c in lines[-1].split("|")[1:-1]]
-    gap = _rescore_gaps(cells[-1])
-    assert len(gap) == 2 and all(0 <= mean <= worst < 1e-5 for worst, mean in gap), gap
-
-    bogus = {"xla_no_such_option_for_this_test": True}
-    config = dot_dtype.CONFIGS["tiny"]()
-    params = init_params(config, jax.random.key(0), jnp.bfloat16)
-    prompts = jnp.ones((8, 32), jnp.int32)
-    lowered, _ = dot_dtype.lower_generate(
-        params, config, prompts, 4096, new_tokens=2, group=8, extra=bogus
-    )
-    with pytest.raises(jax.errors.JaxRuntimeError, match="xla_no_such_option_for_this_test"):
-        lowered.compile()
-    rollout = sampler.generate(params, config, prompts, jax.random.key(0), max_new_tokens=2)
-    with pytest.raises(jax.errors.JaxRuntimeError, match="xla_no_such_option_for_this_test"):
-        dot_dtype.rescore_gap(params, config, prompts[:1], rollout, 4096, bogus)
 
 
 @pytest.mark.slow
@@ -473,28 +315,6 @@ def test_gpu_session_script_parses_and_names_existing_scripts():
     called = set(re.findall(r"benchmarks/(\w+\.py)", script.read_text()))
     assert called == {"gpu_fp8.py", "grpo_step.py"}
     assert all((BENCHMARKS / name).exists() for name in called)
-
-
-@pytest.mark.slow
-def test_decode_layouts_times_every_layout_against_the_default(capsys):
-    """benchmarks/decode_layouts.py compiles one program per decode layout and reports each
-    one's seconds per call with the default's time over it (1.00x in the default's own
-    column); bad names fail naming them."""
-    layouts = _module("decode_layouts")
-    layouts.main("--sizes tiny --batches 8 --new-tokens 3 --rounds 1".split())
-    lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("CPU: ")
-    head = [c.strip() for c in lines[-3].split("|")[1:-1]]
-    assert head[4:] == [f"{name} s" for name in sampler.DECODE_LAYOUTS]
-    cells = [c.strip() for c in lines[-1].split("|")[1:-1]]
-    assert cells[:4] == ["tiny", "8", "float32", "out_in_columns"]
-    times = dict(zip(head[4:], cells[4:], strict=True))
-    assert times["out_in_columns s"].endswith("(1.00x)")
-    assert all(float(t.split()[0]) > 0 and t.endswith("x)") for t in times.values()), times
-    for argv, named in (("--layouts in_out", "'in_out'"), ("--dtypes fp4", "'fp4'")):
-        with pytest.raises(SystemExit):
-            layouts.main(argv.split())
-        assert named in capsys.readouterr().err
 
 
 @pytest.mark.slow
