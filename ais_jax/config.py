@@ -15,7 +15,8 @@ time linear in its text, never expanded) or refer to themselves, and integers to
 Error messages quote at most ~200 characters of any value (`show`).
 
     model       which network: a built-in preset trained from scratch, or a local HF checkpoint;
-                ``family: llada`` for the masked-diffusion LLaDA (diffusion_run.py)
+                family: qwen3, qwen35 or llada (masked diffusion); null: the preset's or
+                checkpoint's
     task        the verifiable task (tasks/) and its options
     rollout     the rollout engine: number format, sampling, group size, response length;
                 ``rollout.diffusion``: LLaDA's sampler and diffu-GRPO's estimator (llada only)
@@ -43,13 +44,23 @@ from typing import Any, Literal
 import yaml
 
 from ais_jax import ais, grpo
-from ais_jax.diffusion_sampler import REMASKING
-from ais_jax.quant import FORMATS
-from ais_jax.sampler import DECODE_LAYOUTS
-from ais_jax.sharding import AXES
 
-ROLLOUT_FORMATS = ("bf16", *FORMATS)
-FAMILIES = ("autoregressive", "llada")  # model.family: model.py's decoder, or llada.py
+# The names a YAML may use for what the engines implement. They are spelled here, not imported,
+# so that reading a config loads no model, sampler or quantizer (tests/test_layers.py checks
+# that each list is the engine's own: `nn.quant.FORMATS`, `rollout.sampler.DECODE_LAYOUTS`,
+# `rollout.diffusion.REMASKING`, `parallel.sharding.AXES`, `models.FAMILIES`' names and kinds).
+ROLLOUT_FORMATS = (
+    "bf16",
+    "float8_e4m3fn",
+    "float8_e5m2",
+    "float6_e3m2fn",
+    "float6_e2m3fn",
+    "float4_e2m1fn",
+)
+DECODE_LAYOUTS = ("out_in_columns", "out_in", "out_in_columns_fused", "out_in_fused")
+REMASKING = ("low_confidence", "random")
+AXES = ("data", "fsdp", "tensor")
+FAMILIES = {"qwen3": "autoregressive", "qwen35": "autoregressive", "llada": "diffusion"}
 CORRECTIONS = ("none", "tis", "ais", "mis")
 LEVEL_METHODS = ("tis", "mis")  # the corrections that weight by token, sequence or geometric mean
 # the settings a resumed run may change (`check_resume`): when to stop, checkpoint and evaluate,
@@ -97,12 +108,14 @@ def _rules_of(section: str, factory: Callable[..., Any], **settings: Any) -> Non
 class ModelSpec:
     """A preset (random init) or a local Hugging Face directory (`checkpoint`).
 
-    ``family``: ``autoregressive`` (model.py's Qwen3-style decoder, `ModelConfig.preset`) or
-    ``llada`` (the masked-diffusion LLaDA, `llada.LLaDAConfig.preset`; trained by
-    diffusion_run.py with ``rollout.diffusion``). LLaDA's head dim is hidden_size / num_heads,
-    so it takes no ``head_dim``; a LLaDA checkpoint is not trainable from a config yet."""
+    ``family``: the model family (`ais_jax.models.FAMILIES`): ``qwen3`` (Qwen3, Qwen2, Llama),
+    ``qwen35`` (Qwen3.5) or ``llada`` (the masked-diffusion LLaDA, trained with
+    ``rollout.diffusion``); null (the default) takes the preset's family (the first that has
+    the name: ``tiny`` is Qwen3's, so LLaDA's tiny needs ``family: llada``) or the
+    checkpoint's. LLaDA's head dim is hidden_size / num_heads, so it takes no ``head_dim``; a
+    LLaDA checkpoint is not trainable from a config yet."""
 
-    family: str = "autoregressive"
+    family: str | None = None
     preset: str = "tiny"
     checkpoint: str | None = None
     hidden_size: int | None = None
@@ -114,7 +127,11 @@ class ModelSpec:
 
     def __post_init__(self):
         _check(
-            self.family in FAMILIES, "model", "family", self.family, f"allowed: {list(FAMILIES)}"
+            self.family is None or self.family in FAMILIES,
+            "model",
+            "family",
+            self.family,
+            f"allowed: {list(FAMILIES)} or null (the preset's or checkpoint's family)",
         )
         for key, value in self.overrides().items():
             _check(1 <= value < 2**31, "model", key, value, "must be an integer in [1, 2**31)")
@@ -131,9 +148,15 @@ class ModelSpec:
                 "model",
                 "checkpoint",
                 self.checkpoint,
-                "family llada trains from a preset only for now (llada.load_llada reads "
+                "family llada trains from a preset only for now (ais_jax.load_hf reads "
                 "checkpoints for evaluation); use null",
             )
+
+    @property
+    def kind(self) -> str:
+        """ "diffusion" for a diffusion family, else "autoregressive" (also when ``family`` is
+        null: a preset or checkpoint of a diffusion family must name it)."""
+        return FAMILIES.get(self.family, "autoregressive")
 
     def overrides(self) -> dict[str, int]:
         names = (
@@ -498,7 +521,7 @@ class TrainConfig:
             self.optim.minibatches,
             f"must divide the rollout batch prompts_per_step*group_size = {batch}",
         )
-        if self.model.family == "llada":
+        if self.model.kind == "diffusion":
             self._check_diffusion()
         else:
             _check(

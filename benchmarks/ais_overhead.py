@@ -18,7 +18,7 @@ and two steps per arm:
            the float32 master parameters, and an AdamW step with global-norm clipping (optax),
            built here from public pieces as the trainer's update phase does per minibatch
 
-for the `tiny` and `small` model presets (`ais_jax.model_config`). Repetitions interleave the
+for the `tiny` and `small` model presets (`ais_jax.models.qwen3`). Repetitions interleave the
 arms (in a rotating order) so drift and other load hit every arm alike (the loss alone is
 timed over 20 calls back to back per repetition). The script prints, per arm and step, the
 median and interquartile range, the ratio of medians against `off` and the median of
@@ -46,10 +46,11 @@ import numpy as np
 import optax
 
 from ais_jax import ais, grpo
-from ais_jax.model import cast_params, init_params
-from ais_jax.model_config import ModelConfig
-from ais_jax.provenance import cpu_model
-from ais_jax.sampler import token_logprobs
+from ais_jax.io.provenance import cpu_model
+from ais_jax.models import init_params
+from ais_jax.models.qwen3 import ModelConfig
+from ais_jax.nn.layers import cast_params
+from ais_jax.train.logprobs import token_logprobs
 
 ARMS = {
     "off": None,

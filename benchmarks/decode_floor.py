@@ -47,10 +47,10 @@ def main() -> None:
     import jax.numpy as jnp
     import numpy as np
 
-    from ais_jax import sampler
-    from ais_jax.model import init_params
-    from ais_jax.model_config import ModelConfig
-    from ais_jax.quant import Columns, linear
+    from ais_jax.models import init_params
+    from ais_jax.models.qwen3 import ModelConfig
+    from ais_jax.nn.quant import Columns, linear
+    from ais_jax.rollout import sampler
 
     if not hasattr(ModelConfig, a.preset):
         raise SystemExit(f"--preset {a.preset!r}: not a ModelConfig preset (e.g. qwen3_0p6b)")
@@ -120,7 +120,7 @@ def main() -> None:
     flops_prefill = 2 * B * P * cfg.num_layers * per_layer
     flops_step = 2 * B * (cfg.num_layers * per_layer + D * V)
     floor = s["prefill"] + (N - 1) * s["decode step"]
-    from ais_jax.provenance import cpu_model
+    from ais_jax.io.provenance import cpu_model
 
     print(f"CPU: {cpu_model()}, {os.cpu_count()} cores; python {sys.version.split()[0]}, ", end="")
     print(f"jax {jax.__version__}; layout {layout.name}, compiler options {options}")

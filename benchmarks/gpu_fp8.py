@@ -43,9 +43,9 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from ais_jax.model import forward_cached, init_cache, init_params
-from ais_jax.model_config import ModelConfig
-from ais_jax.quant import (
+from ais_jax.models import forward_cached, init_cache, init_params
+from ais_jax.models.qwen3 import ModelConfig
+from ais_jax.nn.quant import (
     get_format,
     linear,
     map_qarrays,
@@ -55,7 +55,7 @@ from ais_jax.quant import (
     set_operand_dtype,
     tree_bytes,
 )
-from ais_jax.sampler import _generate_jit, decode_params, resolve_layout
+from ais_jax.rollout.sampler import _generate_jit, decode_params, resolve_layout
 
 GEMM_TARGETS = {  # kind: what marks it on its instruction's line of optimized HLO
     "cuBLAS GEMM": re.compile(r'custom_call_target="__cublas\$(lt\$matmul|gemm)'),

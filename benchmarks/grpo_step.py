@@ -136,13 +136,15 @@ def worker_ais_jax(a) -> dict:
     if a.cpu_devices > 1:  # before JAX starts its backend (it raises if it already has)
         jax.config.update("jax_num_cpu_devices", a.cpu_devices)
 
-    from ais_jax import grpo, heap, sampler, train
+    from ais_jax import grpo
     from ais_jax.config import CorrectionConfig, OptimConfig, RolloutConfig, TrainConfig
-    from ais_jax.hf import load_hf
-    from ais_jax.sharding import make_mesh
+    from ais_jax.io.hf import load_hf
+    from ais_jax.parallel.sharding import make_mesh
+    from ais_jax.train import heap, logprobs
+    from ais_jax.train import step as train
 
     if a.chunk_logits:  # lever study: the LM-head chunk of `token_logprobs`
-        sampler.token_logprobs.__kwdefaults__["chunk_logits"] = a.chunk_logits
+        logprobs.token_logprobs.__kwdefaults__["chunk_logits"] = a.chunk_logits
     heap.release_after_compiles()  # as `Run` does
     heap.reuse_freed_memory()
     config, params = load_hf(a.ckpt, dtype=jnp.float32)
@@ -556,7 +558,7 @@ def report(size: str, results: dict[str, dict], steps: tuple[int, int] | None = 
         "step cpu-s",
         "fastest peer step / step",
     ]
-    from ais_jax.provenance import cpu_model
+    from ais_jax.io.provenance import cpu_model
 
     cpu = f"{cpu_model()}, {os.cpu_count()} cores"
     counts = f", {steps[1]} timed steps after {steps[0]} warm-up" if steps else ""
@@ -587,7 +589,7 @@ def ais_runs(engine: str, args, cpu_devices: list[int]) -> dict[str, dict]:
     if args.ais_remat:
         runs[f"{engine} remat"] = dict(engine=engine, cost=True, remat=True)
     if args.ais_fused:
-        from ais_jax import sampler  # in the ais_jax interpreter: main runs there
+        from ais_jax.rollout import sampler
 
         layout = args.decode_layout
         layout = sampler.default_layout() if layout == "auto" else layout.removesuffix("_fused")
@@ -739,7 +741,7 @@ def main() -> None:
         return run_worker(args)
     cpu_devices = parse_cpu_devices(args.ais_cpu_devices)
 
-    from ais_jax.provenance import cpu_model  # in the ais_jax interpreter: main runs there
+    from ais_jax.io.provenance import cpu_model
 
     cpu = f"{cpu_model()}, {os.cpu_count()} cores"
     print(f"CPU: {cpu}; python {sys.version.split()[0]}")

@@ -34,11 +34,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ais_jax import model, qwen35
+from ais_jax import models as model
 from ais_jax.ais import mismatch_metrics
-from ais_jax.model import cast_params
-from ais_jax.model_config import ModelConfig
-from ais_jax.quant import LINEAR_WEIGHTS, quantize_fp8
+from ais_jax.models import qwen35
+from ais_jax.models.qwen3 import ModelConfig
+from ais_jax.nn.layers import cast_params
+from ais_jax.nn.quant import LINEAR_WEIGHTS, quantize_fp8
 
 
 def configs(args) -> tuple[ModelConfig, qwen35.Qwen35Config]:

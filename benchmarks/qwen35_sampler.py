@@ -84,8 +84,8 @@ def worker_ais_jax(a) -> dict:
     import jax.numpy as jnp
     import numpy as np
 
-    from ais_jax.hf import load_hf
-    from ais_jax.sampler import decode_params, generate
+    from ais_jax.io.hf import load_hf
+    from ais_jax.rollout.sampler import decode_params, generate
 
     dtype = jnp.float32 if a.dtype == "f32" else jnp.bfloat16
     config, params = load_hf(a.ckpt, dtype=dtype)
@@ -118,8 +118,9 @@ def worker_prefill(a) -> dict:
     import jax.numpy as jnp
     import numpy as np
 
-    from ais_jax import model, qwen35
-    from ais_jax.model_config import ModelConfig
+    from ais_jax import models as model
+    from ais_jax.models import qwen35
+    from ais_jax.models.qwen3 import ModelConfig
 
     s = json.loads(a.shape)
     dtype = jnp.float32 if a.dtype == "f32" else jnp.bfloat16
@@ -212,7 +213,7 @@ def main() -> None:
     if args.worker:
         return run_worker(args)
 
-    from ais_jax.provenance import cpu_model
+    from ais_jax.io.provenance import cpu_model
 
     print(f"CPU: {cpu_model()}; {os.cpu_count()} cores; load {os.getloadavg()[0]:.1f}")
     print(f"shape {args.size}: {SHAPES[args.size]}, dtype {args.dtype}")

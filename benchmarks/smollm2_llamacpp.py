@@ -97,7 +97,7 @@ PROMPTS = [
 
 def environment() -> dict:
     """CPU, versions, commit and whether ais_jax/ differs from it (others edit the tree)."""
-    from ais_jax import provenance
+    from ais_jax.io import provenance
 
     info = provenance.provenance()
     for name in (
@@ -136,7 +136,7 @@ def ais_greedy(params, config, prompts: list[list[int]], n: int) -> np.ndarray:
     """``[B, n]`` greedy tokens of `sampler.generate` (float32, no end-of-sequence stop)."""
     import jax
 
-    from ais_jax.sampler import generate
+    from ais_jax.rollout.sampler import generate
 
     ro = generate(params, config, prompts, jax.random.key(0), max_new_tokens=n, top_k=1, eos_ids=())
     assert bool(np.all(np.asarray(ro.mask))), "a row stopped early without eos_ids"
@@ -149,7 +149,7 @@ def ais_logits(params, config, prompts, continuations, chunk: int = 4) -> list[n
     import jax
     import jax.numpy as jnp
 
-    from ais_jax.model import forward
+    from ais_jax.models import forward
 
     n = continuations.shape[1]
     seqs = [list(p) + [int(t) for t in c[:-1]] for p, c in zip(prompts, continuations, strict=True)]
@@ -446,7 +446,7 @@ def main() -> None:
 
     import jax.numpy as jnp
 
-    from ais_jax.hf import HFTokenizer, load_hf, resolve_checkpoint
+    from ais_jax.io.hf import HFTokenizer, load_hf, resolve_checkpoint
 
     try:
         import llama_cpp

@@ -52,7 +52,7 @@ FP8_MISMATCH = [
     import numpy as np
 
     import ais_jax
-    from ais_jax.quant import FORMATS, round_to_format
+    from ais_jax.nn.quant import FORMATS, round_to_format
 
     E4M3 = FORMATS["float8_e4m3fn"]
     """),
@@ -675,7 +675,7 @@ TRAIN_TINY = [
     import matplotlib.pyplot as plt
 
     import ais_jax
-    from ais_jax.plots import read_metrics
+    from ais_jax.analysis.plots import read_metrics
 
     config_path = Path(ais_jax.__file__).parent / "configs" / "quickstart.yaml"
     print(config_path.read_text())

@@ -26,11 +26,11 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from ais_jax import diffusion_train as dt  # noqa: E402
-from ais_jax import sharding as shd  # noqa: E402
-from ais_jax import train  # noqa: E402
-from ais_jax.config import MeshConfig, TrainConfig, from_dict  # noqa: E402
-from ais_jax.llada import LLaDAConfig, init_params  # noqa: E402
+from ais_jax.config import MeshConfig, TrainConfig, from_dict
+from ais_jax.models.llada import LLaDAConfig, init_params
+from ais_jax.parallel import sharding as shd
+from ais_jax.train import diffusion as dt
+from ais_jax.train import step as train
 
 CONFIG = LLaDAConfig(  # every dimension divisible by the 2 x 2 x 2 mesh; untied head
     vocab_size=80,

@@ -24,11 +24,13 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from training_run import SHARDED_MODEL  # noqa: E402
 
-from ais_jax import data, model, train  # noqa: E402
-from ais_jax import sharding as shd  # noqa: E402
-from ais_jax.checkpoint import Checkpointer  # noqa: E402
-from ais_jax.config import DistributedConfig, MeshConfig, RolloutConfig, TrainConfig  # noqa: E402
-from ais_jax.tasks import Arithmetic  # noqa: E402
+from ais_jax import models as model
+from ais_jax.config import DistributedConfig, MeshConfig, RolloutConfig, TrainConfig
+from ais_jax.io.checkpoint import Checkpointer
+from ais_jax.parallel import sharding as shd
+from ais_jax.tasks import Arithmetic
+from ais_jax.train import data
+from ais_jax.train import step as train
 
 train.COMPUTE_DTYPE = jax.numpy.float32  # as sharding_worker.py: see check_training_run
 
@@ -127,7 +129,7 @@ def check_training_run(ctx):
     from training_run import RUN
 
     from ais_jax.config import TrainConfig, from_dict
-    from ais_jax.job import run_training
+    from ais_jax.train.job import run_training
 
     cfg = from_dict(TrainConfig, RUN)
     summary = run_training(cfg, os.path.join(ctx["tmp"], "run_two_processes"), show_progress=False)

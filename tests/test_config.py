@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ais_jax.cli import default_config_path
+from ais_jax.cli.main import default_config_path
 from ais_jax.config import (
     CORRECTIONS,
     RESUMABLE,
@@ -478,7 +478,7 @@ def test_llada_tiny_yaml_loads():
 @pytest.mark.parametrize(
     "data, fragments",
     [
-        ({"model": {"family": "mamba"}}, ["model.family='mamba'", "['autoregressive', 'llada']"]),
+        ({"model": {"family": "mamba"}}, ["model.family='mamba'", "['qwen3', 'qwen35', 'llada']"]),
         (
             {**LLADA, "rollout": {"diffusion": {"block_length": 5}}},
             ["rollout.diffusion.block_length=5", "must divide", "max_new_tokens = 16"],

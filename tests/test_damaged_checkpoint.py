@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 from training_run import TINY_RUN
 
-from ais_jax.cli import main
-from ais_jax.compare import parse_arm
+from ais_jax.cli.main import main
 from ais_jax.config import TrainConfig, dump_config, from_dict
+from ais_jax.experiments.compare import parse_arm
 
 pytestmark = pytest.mark.slow  # every test reads a run the module fixture trains
 

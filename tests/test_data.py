@@ -12,8 +12,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ais_jax import data
-from ais_jax.data import (
+from ais_jax.tasks import Arithmetic, Countdown, Example, Sudoku, load_gsm8k
+from ais_jax.train import data
+from ais_jax.train.data import (
     SPLITS,
     demonstration_batches,
     eval_examples,
@@ -22,7 +23,6 @@ from ais_jax.data import (
     prompt_batches,
     prompt_dataset,
 )
-from ais_jax.tasks import Arithmetic, Countdown, Example, Sudoku, load_gsm8k
 
 
 def _take(iterator, n):
@@ -276,8 +276,9 @@ def test_trimming_drops_only_padding_and_keeps_the_log_probs():
     import jax
     from training_run import MODEL
 
-    from ais_jax import model, sampler
+    from ais_jax import models as model
     from ais_jax.tasks import CharTokenizer
+    from ais_jax.train import logprobs
 
     tok = CharTokenizer()
     prompts, prompt_mask = data.encode_prompts(tok, ["1+2=", "10+20=", "7-3="], 12)
@@ -296,8 +297,8 @@ def test_trimming_drops_only_padding_and_keeps_the_log_probs():
     assert data.trim_padding(tokens, np.zeros_like(mask), left=False)[0].shape == (3, 1)
 
     params = model.init_params(MODEL, jax.random.key(0))
-    full_logp = sampler.token_logprobs(params, MODEL, prompts, prompt_mask, tokens, mask)
-    short_logp = sampler.token_logprobs(
+    full_logp = logprobs.token_logprobs(params, MODEL, prompts, prompt_mask, tokens, mask)
+    short_logp = logprobs.token_logprobs(
         params, MODEL, short_prompts, short_prompt_mask, short_tokens, short_mask
     )
     assert np.abs(np.asarray(full_logp)).min(where=mask, initial=np.inf) > 0.1

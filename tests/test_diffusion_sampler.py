@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 from conftest import count_compiles
 
-from ais_jax import diffusion_sampler as ds
-from ais_jax import llada
-from ais_jax.llada import LLaDAConfig
-from ais_jax.quant import quantize_fp8
-from ais_jax.sampler import pad_prompts
+from ais_jax.models import llada
+from ais_jax.models.llada import LLaDAConfig
+from ais_jax.nn.quant import quantize_fp8
+from ais_jax.rollout import diffusion as ds
+from ais_jax.rollout.sampler import pad_prompts
 
 CONFIG = LLaDAConfig(
     vocab_size=64,

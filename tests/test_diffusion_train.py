@@ -15,9 +15,9 @@ import numpy as np
 import optax
 import pytest
 
-from ais_jax import diffusion_train as dt
-from ais_jax import llada
-from ais_jax.llada import LLaDAConfig
+from ais_jax.models import llada
+from ais_jax.models.llada import LLaDAConfig
+from ais_jax.train import diffusion as dt
 
 CONFIG = LLaDAConfig(
     vocab_size=48,

@@ -1,4 +1,4 @@
-"""Specification of `ais_jax.evaluation`: the statistics against NumPy references, maj@k on
+"""Specification of `ais_jax.analysis.evaluation`: the statistics against NumPy references, maj@k on
 hand-made answers (ties, missing answers, equivalent spellings), and the per-example rows."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from ais_jax.evaluation import (
+from ais_jax.analysis.evaluation import (
     Draws,
     answer_rule,
     example_rows,
@@ -18,14 +18,7 @@ from ais_jax.evaluation import (
     score_draws,
     wilson_interval,
 )
-from ais_jax.tasks import (
-    Arithmetic,
-    Example,
-    JsonlTask,
-    gsm8k_reward,
-    latex_equivalent,
-    load_gsm8k,
-)
+from ais_jax.tasks import Arithmetic, Example, JsonlTask, gsm8k_reward, latex_equivalent, load_gsm8k
 from ais_jax.tasks.answers import gsm8k_final_answer, math_final_answer
 
 

@@ -25,8 +25,8 @@ import torch
 import transformers
 from gguf import GGMLQuantizationType as Q
 
-from ais_jax.hf import CheckpointError, HFTokenizer, load_hf
-from ais_jax.model import forward
+from ais_jax.io.hf import CheckpointError, HFTokenizer, load_hf, save_hf
+from ais_jax.models import forward
 
 _forward = jax.jit(forward, static_argnums=1)
 
@@ -311,7 +311,7 @@ def test_non_finite_weights_are_refused_naming_the_tensor(hf_checkpoint, tmp_pat
 
 
 def test_sample_refuses_a_checkpoint_with_a_nan_in_one_line(hf_checkpoint, tmp_path, capsys):
-    from ais_jax.cli import main
+    from ais_jax.cli.main import main
 
     folder = hf_checkpoint("llama", **LLAMA)
     copy = poisoned_copy(folder, tmp_path / "dir", "model.embed_tokens.weight", (7, 1))
@@ -324,7 +324,7 @@ def test_sample_refuses_a_checkpoint_with_a_nan_in_one_line(hf_checkpoint, tmp_p
 
 
 def test_package_paths_name_a_file_inside_an_installed_package(tmp_path):
-    from ais_jax.hf import resolve_checkpoint
+    from ais_jax.io.hf import resolve_checkpoint
 
     assert resolve_checkpoint("package:gguf/constants.py") == Path(gguf.__file__).parent / (
         "constants.py"
@@ -334,12 +334,12 @@ def test_package_paths_name_a_file_inside_an_installed_package(tmp_path):
 
 
 def test_llada_loader_refuses_non_finite_weights_too(tmp_path):
-    from ais_jax import llada
+    from ais_jax.models import llada
 
     config = llada.LLaDAConfig.tiny()
     params = jax.device_get(llada.init_params(config, jax.random.key(0)))
     params["final_norm"] = np.asarray(params["final_norm"]).copy()
     params["final_norm"][1] = np.inf
-    path = llada.save_llada(tmp_path / "llada", config, params)
+    path = save_hf(tmp_path / "llada", config, params)
     with pytest.raises(CheckpointError, match=r"holds non-finite values \(0 NaN, 1 inf of "):
-        llada.load_llada(path)
+        load_hf(path)

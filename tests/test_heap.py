@@ -14,9 +14,9 @@ import jax
 import pytest
 from training_run import TINY_RUN
 
-from ais_jax import heap
 from ais_jax.config import TrainConfig, from_dict
-from ais_jax.runner import Run
+from ais_jax.train import heap
+from ais_jax.train.run import Run
 
 pytestmark = pytest.mark.skipif(
     platform.libc_ver()[0] != "glibc",

@@ -23,8 +23,8 @@ import safetensors.numpy
 import torch
 import transformers
 
-from ais_jax.hf import CheckpointError, HFTokenizer, check_vocab, load_hf, save_hf
-from ais_jax.model import forward
+from ais_jax.io.hf import CheckpointError, HFTokenizer, check_vocab, load_hf, save_hf
+from ais_jax.models import forward
 
 # Each case differs from TINY (conftest.py: vocab 96, hidden 32, 2 layers, 4 heads, 2 kv heads,
 # head_dim 16 != 32 / 4, rope_theta 1e4, untied embeddings) in what its id says.
@@ -321,7 +321,8 @@ BAD_CHECKPOINTS = {
             f, lambda c: c.update(architectures=["MistralForCausalLM"], model_type="mistral")
         ),
         r"unsupported architecture 'MistralForCausalLM'.*"
-        r"\['Qwen3ForCausalLM', 'Qwen2ForCausalLM', 'LlamaForCausalLM'\]",
+        r"\['Qwen3ForCausalLM', 'Qwen2ForCausalLM', 'LlamaForCausalLM', 'Qwen3_5ForCausalLM', "
+        r"'LLaDAModelLM'\]",
     ),
     "config-field-missing": (
         lambda f: _edit_config(f, lambda c: c.pop("hidden_size")),

@@ -31,14 +31,12 @@ HEAVY = (
     "tokenizers",
     "matplotlib",
     "scipy",
-    "ais_jax.model",
+    "ais_jax.models",
+    "ais_jax.nn",
     "ais_jax.config",
-    "ais_jax.quant",
-    "ais_jax.sampler",
+    "ais_jax.rollout",
     "ais_jax.train",
-    "ais_jax.runner",
-    "ais_jax.job",
-    "ais_jax.hf",
+    "ais_jax.io",
 )
 
 
@@ -90,8 +88,8 @@ def test_star_import_submodules_and_unknown_names():
     namespace: dict = {}
     exec("from ais_jax import *", namespace)
     assert set(ais_jax.__all__) <= set(namespace)
-    assert namespace["forward"] is ais_jax.model.forward  # submodules also resolve on access
-    assert ais_jax.quant.linear is ais_jax.linear
+    assert namespace["forward"] is ais_jax.models.forward  # submodules also resolve on access
+    assert ais_jax.nn.quant.linear is ais_jax.linear
     with pytest.raises(AttributeError, match="'ais_jax' has no attribute 'no_such_name'"):
         ais_jax.no_such_name  # noqa: B018
     with pytest.raises(ImportError):
@@ -104,7 +102,7 @@ def test_event_writer_leaves_torch_unloaded_and_importable(tmp_path):
     # every run's start; the run's writer hides it during that import, and only then
     write = (
         "from pathlib import Path\n"
-        "from ais_jax.run_log import EventWriter\n"
+        "from ais_jax.io.run_log import EventWriter\n"
         f"w = EventWriter(Path({str(tmp_path)!r}), None)\n"
         "w.add_scalar('loss', 0.25, 1)\n"
         "w.close()"

@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 import safetensors
 
-from ais_jax import llada
-from ais_jax.hf import CheckpointError
-from ais_jax.llada import LLaDAConfig
-from ais_jax.quant import quantize_fp8
+from ais_jax.io.hf import CheckpointError, load_hf, save_hf
+from ais_jax.models import llada
+from ais_jax.models.llada import LLaDAConfig
+from ais_jax.nn.quant import quantize_fp8
 
 DATA = Path(__file__).resolve().parent / "data" / "llada-reference"
 # make_checkpoint.py's overrides the two cases were made with (tests/data/llada-reference)
@@ -69,7 +69,7 @@ def assert_close(ours, ref):
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_logits_equal_the_reference(checkpoints, case):
-    config, params = llada.load_llada(checkpoints[case], dtype=jnp.float32)
+    config, params = load_hf(checkpoints[case], dtype=jnp.float32)
     over = CASES[case]
     assert config.tie_embeddings == over.get("weight_tying", False)
     assert config.num_kv_heads == over.get("n_kv_heads", 4)
@@ -83,7 +83,7 @@ def test_logits_equal_the_reference(checkpoints, case):
 def test_left_padding_does_not_change_the_logits(checkpoints):
     """A row's logits are the same alone or left padded (random pad ids) next to another row;
     a bidirectional model: the first token's logits depend on the last token."""
-    config, params = llada.load_llada(checkpoints["tied_gqa_groups"], dtype=jnp.float32)
+    config, params = load_hf(checkpoints["tied_gqa_groups"], dtype=jnp.float32)
     ids, _ = reference(checkpoints["tied_gqa_groups"])
     row, other = ids[0, :30], ids[1]
     alone = np.asarray(_forward(params, config, jnp.asarray(row[None])))[0]
@@ -110,7 +110,7 @@ def test_fp8_params_run_the_same_forward(checkpoints):
     can flip, so the band is that value +-10%: quantizing the weights alone (no activation
     quantization) gives 0.107 and falls outside it.
     """
-    config, params = llada.load_llada(checkpoints["untied_mha"], dtype=jnp.float32)
+    config, params = load_hf(checkpoints["untied_mha"], dtype=jnp.float32)
     ids, ref = reference(checkpoints["untied_mha"])
     fp8 = np.asarray(_forward(quantize_fp8(params), config, jnp.asarray(ids)))
     err = np.linalg.norm(fp8 - ref) / np.linalg.norm(ref)
@@ -119,11 +119,11 @@ def test_fp8_params_run_the_same_forward(checkpoints):
 
 
 def test_save_then_load_is_the_identity(checkpoints, tmp_path):
-    """`save_llada` writes the reference's tensor names (block groups included) and config keys;
+    """`save_hf` writes the reference's tensor names (block groups included) and config keys;
     loading it back gives the same config and parameters."""
     for case, path in checkpoints.items():
-        config, params = llada.load_llada(path, dtype=jnp.float32)
-        out = llada.save_llada(tmp_path / case, config, params)
+        config, params = load_hf(path, dtype=jnp.float32)
+        out = save_hf(tmp_path / case, config, params)
         with (
             safetensors.safe_open(str(out / "model.safetensors"), "numpy") as ours,
             safetensors.safe_open(str(path / "model.safetensors"), "numpy") as theirs,
@@ -131,7 +131,7 @@ def test_save_then_load_is_the_identity(checkpoints, tmp_path):
             assert set(ours.keys()) == set(theirs.keys())
             for name in theirs.keys():  # noqa: SIM118 (safe_open has no __iter__)
                 np.testing.assert_array_equal(ours.get_tensor(name), theirs.get_tensor(name))
-        config2, params2 = llada.load_llada(out, dtype=jnp.float32)
+        config2, params2 = load_hf(out, dtype=jnp.float32)
         assert config2 == config
         jax.tree_util.tree_map(np.testing.assert_array_equal, params2, params)
         written = json.loads((out / "config.json").read_text())
@@ -160,7 +160,7 @@ def test_unimplemented_flags_are_rejected_by_name(checkpoints, tmp_path, flag, v
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({**hf, flag: value}))
     with pytest.raises(CheckpointError, match=flag):
-        llada.load_llada(folder)
+        load_hf(folder)
 
 
 def test_config_round_trip_and_llada_8b():

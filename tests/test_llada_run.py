@@ -22,16 +22,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ais_jax import diffusion_sampler as ds
-from ais_jax import diffusion_train as dt
-from ais_jax import job, train
-from ais_jax import sharding as shd
-from ais_jax.cli import main
+from ais_jax.analysis.plots import read_metrics
+from ais_jax.cli.main import main
 from ais_jax.config import load_config
-from ais_jax.diffusion_run import DiffusionRun
-from ais_jax.llada import LLaDAConfig, init_params, load_llada
-from ais_jax.plots import read_metrics
+from ais_jax.io.hf import load_hf
+from ais_jax.models.llada import LLaDAConfig, init_params
+from ais_jax.parallel import sharding as shd
+from ais_jax.rollout import diffusion as ds
 from ais_jax.tasks import make_task
+from ais_jax.train import diffusion as dt
+from ais_jax.train import job
+from ais_jax.train import step as train
+from ais_jax.train.diffusion_run import DiffusionRun
 
 LLADA_TINY = Path(__file__).parent.parent / "configs" / "llada_tiny.yaml"
 # `configs/llada_tiny.yaml` at test size: one layer, 8 rollouts of 12 tokens, 2 RL steps, on
@@ -243,9 +245,9 @@ def test_train_from_the_command_line_and_resume_bitwise(tmp_path, capsys):
     assert load_config(whole / "config.yaml").model.family == "llada"
     assert [r["step"] for r in read_metrics(whole / "eval.jsonl")] == [0, 2]
 
-    # export-hf writes LLaDA's own checkpoint layout, which load_llada reads back
+    # export-hf writes LLaDA's own checkpoint layout, which load_hf reads back
     assert main(["export-hf", "--run", str(whole), "--to", str(tmp_path / "hf")]) == 0
-    config, exported = load_llada(tmp_path / "hf", dtype=jnp.float32)
+    config, exported = load_hf(tmp_path / "hf", dtype=jnp.float32)
     assert config == CONFIG
     trained = _final_params(whole).params
     for x, y in zip(jax.tree.leaves(trained), jax.tree.leaves(exported), strict=True):

@@ -15,8 +15,8 @@ import jax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from ais_jax import sharding as shd
-from ais_jax.llada import LLaDAConfig, init_params
+from ais_jax.models.llada import LLaDAConfig, init_params
+from ais_jax.parallel import sharding as shd
 
 
 def test_llada_params_take_the_logical_axes_of_model_py():

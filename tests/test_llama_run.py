@@ -25,11 +25,11 @@ import torch
 import transformers
 from test_gguf import LLAMA, MIXED, write_gguf
 
-from ais_jax import sampler
-from ais_jax.cli import main
+from ais_jax.cli.main import main
 from ais_jax.config import load_config
-from ais_jax.hf import load_hf
-from ais_jax.model import forward
+from ais_jax.io.hf import load_hf
+from ais_jax.models import forward
+from ais_jax.rollout import sampler
 
 pytestmark = pytest.mark.slow  # every test reads a run the module fixture trains from a GGUF file
 

@@ -1,4 +1,4 @@
-"""Specification of `model.py` and `model_config.py` without a reference implementation.
+"""Specification of `qwen3.py` and `model_config.py` without a reference implementation.
 
 What must hold for any weights: causality and padding invariance of `forward`; the KV cache
 (a left-padded prefill, then one-token decode steps, some rows finished) reproduces the
@@ -21,9 +21,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from training_run import MODEL
 
-from ais_jax import model, quant
-from ais_jax.model import forward, forward_cached, init_cache, param_shapes
-from ais_jax.model_config import PRESETS, ModelConfig
+from ais_jax import models as model
+from ais_jax.models import forward, forward_cached, init_cache, param_shapes, qwen3
+from ais_jax.models.qwen3 import PRESETS, ModelConfig
+from ais_jax.nn import cache as kv_cache
+from ais_jax.nn import layers, quant
 
 QWEN3 = dataclasses.replace(MODEL, vocab_size=96, tie_embeddings=False)  # = conftest.TINY
 QWEN2 = dataclasses.replace(
@@ -164,11 +166,11 @@ def test_fused_projections_are_the_same_layers(config, kind):
 
     params = random_params(config, seed=8)
     if kind == "fp8":
-        params = quant.quantize_fp8(model.cast_params(params, jnp.bfloat16))
-    fused = {**params, "layers": model.fuse_projections(params["layers"], config)}
+        params = quant.quantize_fp8(layers.cast_params(params, jnp.bfloat16))
+    fused = {**params, "layers": qwen3.fuse_projections(params["layers"], config)}
     assert {"qkv_proj", "gate_up_proj"} <= set(fused["layers"])
     assert not {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"} & set(fused["layers"])
-    assert model.fuse_projections(fused["layers"], config) == fused["layers"]  # idempotent
+    assert qwen3.fuse_projections(fused["layers"], config) == fused["layers"]  # idempotent
     if kind == "float32":
         L, K, R, E = (
             config.num_layers,
@@ -206,7 +208,7 @@ def test_fused_projections_are_the_same_layers(config, kind):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 @pytest.mark.parametrize("Q", [1, 3])
 def test_write_kv_puts_each_token_in_its_slot_and_nothing_else(dtype, Q):
-    """`model._write_kv` (a decode step's 16-bit values go through a select on CPU, everything
+    """`kv_cache.write_kv` (a decode step's 16-bit values go through a select on CPU, everything
     else through a dynamic-update-slice): slots start .. start + Q - 1 hold the new keys and
     values, bit for bit (float32 updates rounded once to the cache dtype), and every other slot
     is unchanged."""
@@ -216,7 +218,7 @@ def test_write_kv_puts_each_token_in_its_slot_and_nothing_else(dtype, Q):
     v_cache = jnp.asarray(rng.normal(size=(B, K, E, S)), dtype)
     k_new = jnp.asarray(rng.normal(size=(B, Q, K, E)), jnp.float32)
     v_new = jnp.asarray(rng.normal(size=(B, Q, K, E)), jnp.float32)
-    write = jax.jit(model._write_kv)
+    write = jax.jit(kv_cache.write_kv)
     k_out, v_out = write(k_cache, v_cache, k_new, v_new, jnp.int32(start))
     assert k_out.dtype == v_out.dtype == jnp.dtype(dtype)
     k_want, v_want = np.asarray(k_cache).copy(), np.asarray(v_cache).copy()
@@ -252,13 +254,13 @@ def test_attention_is_float64_softmax_attention(B, K, R, E, S, Q):
         out = np.einsum("bkrqs,bkes->bqkre", probs, np.asarray(v, np.float64))
         return out.reshape(B, Q, K * R * E)
 
-    got = jax.jit(model.attention)(q, k, v, allowed)
+    got = jax.jit(layers.attention)(q, k, v, allowed)
     assert got.dtype == jnp.float32 and got.shape == (B, Q, K * R * E)
     np.testing.assert_allclose(got, reference(q, k, v), rtol=1e-5, atol=1e-6)
 
     bf16 = jnp.bfloat16
     q16, k16, v16 = (jnp.asarray(a, bf16) for a in (q, k, v))
-    got16 = jax.jit(model.attention)(q16, k16, v16, allowed)
+    got16 = jax.jit(layers.attention)(q16, k16, v16, allowed)
     assert got16.dtype == bf16
     want = reference(*(np.asarray(a, np.float32) for a in (q16, k16, v16)))
     u = 2.0**-8
@@ -296,9 +298,9 @@ def test_bf16_norm_weight_gradient_sums_rows_in_float32():
 
     @jax.jit
     def norm_and_grads(x, signs, w, g):
-        out = model.rms_norm(x, w, 1e-6)
-        x_normed = model.rms_norm(x, jnp.ones_like(w), 1e-6)
-        _, vjp = jax.vjp(lambda w: model.rms_norm(signs, w, 1e-6), w)
+        out = layers.rms_norm(x, w, 1e-6)
+        x_normed = layers.rms_norm(x, jnp.ones_like(w), 1e-6)
+        _, vjp = jax.vjp(lambda w: layers.rms_norm(signs, w, 1e-6), w)
         return out, x_normed, vjp(g)[0]
 
     out, x_normed, dw = norm_and_grads(x, signs, w, g)
@@ -309,7 +311,7 @@ def test_bf16_norm_weight_gradient_sums_rows_in_float32():
 
 
 def test_bf16_embedding_gradient_sums_a_tokens_rows_in_float32():
-    """`model.embed`'s gradient: each table row gets the exact sum of its token's cotangents
+    """`layers.embed`'s gradient: each table row gets the exact sum of its token's cotangents
     rounded once to bfloat16, with one token at half of 8,192 positions. `jnp.take`'s
     transpose scatter-adds in bfloat16, rounding after every addition: the busy token's row
     (sums near 2,000) came out up to 415.5 off (measured)."""
@@ -321,7 +323,7 @@ def test_bf16_embedding_gradient_sums_a_tokens_rows_in_float32():
 
     @jax.jit
     def lookup_and_grad(table, tokens, g):
-        rows, vjp = jax.vjp(lambda t: model.embed(t, tokens), table)
+        rows, vjp = jax.vjp(lambda t: layers.embed(t, tokens), table)
         return rows, vjp(g)[0]
 
     rows, grad = lookup_and_grad(table, tokens, g)
@@ -330,13 +332,13 @@ def test_bf16_embedding_gradient_sums_a_tokens_rows_in_float32():
     exact = np.zeros((V, D))
     np.add.at(exact, tokens, np.asarray(g, np.float64))
     _assert_rounded_once(grad, exact)
-    f32_grad = jax.grad(lambda t: model.embed(t, tokens).sum())(table.astype(jnp.float32))
+    f32_grad = jax.grad(lambda t: layers.embed(t, tokens).sum())(table.astype(jnp.float32))
     assert f32_grad.dtype == jnp.float32
 
 
 def _plain_autodiff(monkeypatch):
     """The model with attention and the MLP activation under plain autodiff (no
-    `model.recompute_in_backward`)."""
+    `layers.recompute_in_backward`)."""
     monkeypatch.setattr(model, "recompute_in_backward", lambda fn: fn)
     monkeypatch.setattr(model, "swiglu", lambda gate, up: jax.nn.silu(gate) * up)
 
@@ -365,7 +367,7 @@ def test_recomputing_backward_keeps_gradients_and_frees_memory(dtype, monkeypatc
     The recomputed softmax sums in other fusions, so a float32 gradient may differ in its last
     bits: measured up to 1.8 ulps of each leaf's largest element (float32; bfloat16: bitwise
     equal), allowed 8."""
-    from ais_jax.sampler import token_logprobs
+    from ais_jax.train.logprobs import token_logprobs
 
     config = dataclasses.replace(QWEN3, num_layers=3)
     params = random_params(config)
@@ -373,7 +375,7 @@ def test_recomputing_backward_keeps_gradients_and_frees_memory(dtype, monkeypatc
 
     def loss(p):
         logp = token_logprobs(
-            model.cast_params(p, dtype), config, prompt, prompt_mask, tokens, mask
+            layers.cast_params(p, dtype), config, prompt, prompt_mask, tokens, mask
         )
         return (logp * weights).sum()
 
@@ -403,7 +405,7 @@ def test_recompute_in_backward_is_the_function_and_its_vjp():
     def fn(x, y, n):
         return (jnp.sin(x) * y + n).astype(jnp.bfloat16)
 
-    wrapped = model.recompute_in_backward(fn)
+    wrapped = layers.recompute_in_backward(fn)
     rng = np.random.default_rng(1)
     x, y = (jnp.asarray(rng.normal(size=(4, 5)), jnp.float32) for _ in range(2))
     n = jnp.arange(20, dtype=jnp.int32).reshape(4, 5)
@@ -418,7 +420,7 @@ def test_recompute_in_backward_is_the_function_and_its_vjp():
     np.testing.assert_allclose(got[0], g64 * np.cos(np.asarray(x, np.float64)) * y, rtol=1e-6)
     np.testing.assert_allclose(got[1], g64 * np.sin(np.asarray(x, np.float64)), rtol=1e-6)
 
-    masked = model.recompute_in_backward(lambda x, keep: jnp.where(keep, x * x, 0.0))
+    masked = layers.recompute_in_backward(lambda x, keep: jnp.where(keep, x * x, 0.0))
     keep = np.array([True, False, True])
     dx, dkeep = jax.vjp(masked, jnp.arange(3.0), keep)[1](jnp.ones(3))
     np.testing.assert_array_equal(dx, [0.0, 0.0, 4.0])
@@ -429,14 +431,14 @@ def test_recompute_in_backward_is_the_function_and_its_vjp():
 @pytest.mark.parametrize("group", [4, 1], ids=["shared-prompts", "own-prompts"])
 def test_remat_recomputes_each_layer_with_the_same_gradients(group):
     """``remat=True`` (optim.remat): every decoder layer recomputes its activations in the
-    backward pass, for rows that share their prompts (`model.response_hidden`, one layer's
-    prompt and response parts together) and for full rows (`model._decoder`). The log-probs
+    backward pass, for rows that share their prompts (`qwen3.response_hidden`, one layer's
+    prompt and response parts together) and for full rows (`qwen3._decoder`). The log-probs
     are the same; float32 gradients within 8 ulps of each leaf's largest element (measured
     up to 3.9: the recomputation sits in other fusions); bfloat16 gradients as close to the
     float32 ones as without remat (XLA may skip a bfloat16 rounding inside a fusion, so the
     recomputed activations can differ from the stored ones by a rounding: measured relative
     errors 0.89-1.02x those without); and less than 60% of the temporaries."""
-    from ais_jax.sampler import token_logprobs
+    from ais_jax.train.logprobs import token_logprobs
 
     config = dataclasses.replace(QWEN3, num_layers=3)
     params = random_params(config)
@@ -446,7 +448,7 @@ def test_remat_recomputes_each_layer_with_the_same_gradients(group):
     def compiled(dtype, remat):
         def loss(p):
             logp = token_logprobs(
-                model.cast_params(p, dtype), config, prompt, prompt_mask, tokens, mask, remat=remat
+                layers.cast_params(p, dtype), config, prompt, prompt_mask, tokens, mask, remat=remat
             )
             return (logp * weights).sum()
 
@@ -478,7 +480,7 @@ def test_remat_of_qwen35_layers_moves_gradients_less_than_the_chunk_size_does():
     its final hidden states move by less than another chunk size of its delta rule moves them
     (the same function, summed in another order: up to 109 ulps of a leaf's largest element
     at chunk 8 against 64; remat: 0 measured), and the temporaries fall below 60%."""
-    from ais_jax import qwen35
+    from ais_jax.models import qwen35
 
     config = qwen35.Qwen35Config.tiny(vocab_size=96)
     params = qwen35.init_params(config, jax.random.key(0))

@@ -23,10 +23,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from training_run import MODEL
 
-from ais_jax import quant
-from ais_jax.model import cast_params, forward, init_params
-from ais_jax.model_config import ModelConfig
-from ais_jax.quant import FORMATS, LINEAR_WEIGHTS, QArray
+from ais_jax.models import forward, init_params
+from ais_jax.models.qwen3 import ModelConfig
+from ais_jax.nn import quant
+from ais_jax.nn.layers import cast_params
+from ais_jax.nn.quant import FORMATS, LINEAR_WEIGHTS, QArray
 
 ALL_FORMATS = pytest.mark.parametrize("name", list(FORMATS))
 _round = jax.jit(quant.round_to_format, static_argnums=(1, 2))

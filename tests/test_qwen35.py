@@ -33,10 +33,10 @@ import safetensors.numpy
 import torch
 import transformers
 
-from ais_jax import qwen35
-from ais_jax.hf import CheckpointError, load_hf, save_hf
-from ais_jax.model import cast_params
-from ais_jax.quant import QArray
+from ais_jax.io.hf import CheckpointError, load_hf, save_hf
+from ais_jax.models import qwen35
+from ais_jax.nn.layers import cast_params
+from ais_jax.nn.quant import QArray
 
 _forward = jax.jit(qwen35.forward, static_argnums=1, static_argnames="chunk_size")
 LIN, FULL = "linear_attention", "full_attention"
@@ -242,7 +242,7 @@ def test_multimodal_layout_loads_the_text_model(checkpoint, tmp_path, caplog):
             }
         )
     )
-    with caplog.at_level(logging.INFO, logger="ais_jax.hf"):
+    with caplog.at_level(logging.INFO, logger="ais_jax.models.qwen35"):
         config2, params2 = load_hf(folder, dtype=jnp.float32)
     assert config2 == config
     assert "model.visual" in caplog.text and "mtp.fc" in caplog.text
@@ -517,7 +517,7 @@ def test_ais_jax_sample_runs_a_qwen35_checkpoint(checkpoint, tmp_path, capsys):
 
     from conftest import write_tokenizer
 
-    from ais_jax import cli
+    from ais_jax.cli import main as cli
 
     path = shutil.copytree(checkpoint("full-lin-lin-tied-mqa-k3-rot0.5"), tmp_path / "ckpt")
     config, _ = load_hf(path, dtype=jnp.float32)

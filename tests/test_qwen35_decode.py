@@ -22,9 +22,13 @@ import pytest
 from conftest import count_compiles
 from test_qwen35 import FULL, LIN, assert_close, left_padded, random_params
 
-from ais_jax import model, quant, qwen35, sampler
-from ais_jax.model import cast_params
-from ais_jax.quant import QArray
+from ais_jax import models as model
+from ais_jax.models import qwen35
+from ais_jax.nn import quant
+from ais_jax.nn.layers import cast_params
+from ais_jax.nn.quant import QArray
+from ais_jax.rollout import sampler
+from ais_jax.train import logprobs
 
 CONFIG = qwen35.Qwen35Config(
     vocab_size=64,
@@ -45,7 +49,7 @@ CONFIG = qwen35.Qwen35Config(
 PROMPTS = [[5, 9, 13, 2, 7, 11, 4, 8, 1], [3, 8, 1], [12, 4, 6, 10, 14], [15]]  # P = 9
 T = 8
 KEY = jax.random.key(0)
-_token_logprobs = jax.jit(sampler.token_logprobs, static_argnums=1)
+_token_logprobs = jax.jit(logprobs.token_logprobs, static_argnums=1)
 
 
 @pytest.fixture(scope="module")
@@ -203,14 +207,14 @@ def test_fp8_rollout_quantizes_every_projection(params, monkeypatch):
         calls.append(isinstance(w, QArray))
         return linear(x, w, **kwargs)
 
-    for module in (qwen35, model):  # the MLP is model.py's
+    for module in (qwen35, model):  # the MLP is qwen3.py's
         monkeypatch.setattr(module, "linear", recording)
     cache = model.init_cache(CONFIG, 2, 4, jnp.bfloat16)
     step = lambda t, c: model.forward_cached(q, CONFIG, t, c)  # noqa: E731
     jax.eval_shape(step, jnp.zeros((2, 1), jnp.int32), cache)
     *projections, head = calls
     assert len(projections) == 7 * 1 + 8 * 2 and all(projections), calls
-    assert not head  # the LM head (model.py's) stays bfloat16
+    assert not head  # the LM head (qwen3.py's) stays bfloat16
     monkeypatch.undo()
 
     eos = (3, 17, 40, 51)

@@ -27,7 +27,10 @@ import transformers
 from training_run import TINY_RUN
 
 import ais_jax
-from ais_jax import compare, grpo, model_config, plan, qwen35, train
+from ais_jax import grpo
+from ais_jax import models as model_config
+from ais_jax.analysis.plots import read_metrics
+from ais_jax.cli import plan
 from ais_jax.config import (
     CorrectionConfig,
     MeshConfig,
@@ -36,10 +39,12 @@ from ais_jax.config import (
     TrainConfig,
     from_dict,
 )
-from ais_jax.hf import load_hf
-from ais_jax.model_config import ModelConfig
-from ais_jax.plots import read_metrics
-from ais_jax.sharding import make_mesh
+from ais_jax.experiments import compare
+from ais_jax.io.hf import load_hf
+from ais_jax.models import qwen35
+from ais_jax.models.qwen3 import ModelConfig
+from ais_jax.parallel.sharding import make_mesh
+from ais_jax.train import step as train
 
 
 def test_presets_resolve_to_their_family():
@@ -185,7 +190,7 @@ def test_the_notebooks_api_on_a_qwen35_checkpoint(checkpoint):
     rollout_params = ais_jax.quantize_fp8(params)
     layers = rollout_params["layers"]
     for name in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj", "q_proj"):
-        assert isinstance(layers[name], ais_jax.quant.QArray), name
+        assert isinstance(layers[name], ais_jax.nn.quant.QArray), name
     prompts = np.random.default_rng(0).integers(0, config.vocab_size, size=(8, 5))
     rollout = ais_jax.generate(rollout_params, config, prompts, jax.random.key(0), max_new_tokens=6)
     score = jax.jit(ais_jax.token_logprobs, static_argnums=1)

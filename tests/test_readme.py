@@ -112,7 +112,7 @@ def _usage_problems(block: str) -> list[str]:
     that is not the flag's default (a metavar such as N, FILE, KEY=VALUE is not checked;
     ``a|b`` must be choices of the flag and include its default). When the parser's default is
     None and the help text says ``(default: X)``, X is the default shown."""
-    from ais_jax.cli import build_parser
+    from ais_jax.cli.main import build_parser
 
     parser = build_parser()
     (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]

@@ -13,9 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ais_jax import model as M
-from ais_jax.model_config import ModelConfig
-from ais_jax.quant import quantize_params
+from ais_jax import models as M
+from ais_jax.models.qwen3 import ModelConfig
+from ais_jax.nn.quant import quantize_params
 
 pytestmark = pytest.mark.slow  # ~30 s: the script's generation, scoring and layer loop compile
 

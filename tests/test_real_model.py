@@ -28,11 +28,11 @@ import torch
 import transformers
 from test_chat_template import FIXTURE
 
-from ais_jax import sampler
-from ais_jax.cli import main
+from ais_jax.cli.main import main
 from ais_jax.config import load_config
-from ais_jax.hf import HFTokenizer, load_hf, read_config
-from ais_jax.model import forward
+from ais_jax.io.hf import HFTokenizer, load_hf, read_config
+from ais_jax.models import forward
+from ais_jax.rollout import sampler
 from ais_jax.tools import random_qwen3
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "qwen3_0p6b_gsm8k.yaml"

@@ -57,8 +57,7 @@ from training_run import TINY_RUN
 
 import ais_jax
 from ais_jax import grpo
-from ais_jax.checkpoint import Checkpointer, write_config
-from ais_jax.cli import main
+from ais_jax.cli.main import main
 from ais_jax.config import (
     CorrectionConfig,
     MeshConfig,
@@ -69,18 +68,19 @@ from ais_jax.config import (
     from_dict,
     load_config,
 )
-from ais_jax.data import score_responses
-from ais_jax.hf import CheckpointError, load_hf, save_hf
-from ais_jax.model import init_params
-from ais_jax.model_config import ModelConfig
-from ais_jax.paths import safe_path, write_json
-from ais_jax.quant import QArray, linear
-from ais_jax.run_log import append_jsonl
-from ais_jax.runner import Run
-from ais_jax.sharding import make_mesh
+from ais_jax.io.checkpoint import Checkpointer, write_config
+from ais_jax.io.hf import CheckpointError, load_hf, save_hf
+from ais_jax.io.paths import safe_path, write_json
+from ais_jax.io.run_log import append_jsonl
+from ais_jax.models import init_params
+from ais_jax.models.qwen3 import ModelConfig
+from ais_jax.nn.quant import QArray, linear
+from ais_jax.parallel.sharding import make_mesh
 from ais_jax.tasks import Arithmetic, Example, RewardError, make_task
 from ais_jax.tasks import catalog as task_catalog
-from ais_jax.train import Batch, make_phases, score, sync_rollout_params
+from ais_jax.train.data import score_responses
+from ais_jax.train.run import Run
+from ais_jax.train.step import Batch, make_phases, score, sync_rollout_params
 
 WORKER = Path(__file__).with_name("reliability_worker.py")
 MODEL = {
@@ -888,7 +888,7 @@ message = "eval(" + "exec("
 
 def test_package_never_unpickles_or_executes_input():
     files = sorted(PACKAGE.rglob("*.py"))
-    assert len(files) > 20 and PACKAGE / "hf.py" in files
+    assert len(files) > 20 and PACKAGE / "io" / "hf.py" in files
     found = {str(f.relative_to(PACKAGE)): unsafe_constructs(f.read_text()) for f in files}
     assert {k: v for k, v in found.items() if v} == {}
 
@@ -1265,7 +1265,7 @@ def test_a_failed_save_drops_the_late_echoes_of_its_writes(caplog):
     started when its loop closed is logged as destroyed while pending, and its coroutine warns
     that it was never awaited. Those echoes are dropped once a save failed; the error the save
     raises says it once. (The full-disk test above meets them by chance; this one makes them.)"""
-    from ais_jax import checkpoint
+    from ais_jax.io import checkpoint
 
     def unretrieved_failure() -> None:
         loop = asyncio.new_event_loop()

@@ -27,17 +27,20 @@ import scipy.stats
 from conftest import XLA_DEFAULTS, count_compiles
 from training_run import MODEL
 
-from ais_jax import model, quant, sampler
-from ais_jax.model import (
-    cast_params,
+from ais_jax.models import (
     final_hidden,
     forward,
     forward_cached,
     init_cache,
     init_params,
+    qwen3,
     response_hidden,
 )
-from ais_jax.quant import Columns, QArray, quantize_fp8
+from ais_jax.nn import quant
+from ais_jax.nn.layers import cast_params
+from ais_jax.nn.quant import Columns, QArray, quantize_fp8
+from ais_jax.rollout import sampler
+from ais_jax.train import logprobs
 
 CONFIG = dataclasses.replace(MODEL, max_position_embeddings=64)
 V = CONFIG.vocab_size
@@ -46,7 +49,7 @@ T = 10
 EOS_IDS = (55, 31, 52)  # the FP8 tests: ids that make some rows finish early
 KEY = jax.random.key(0)
 
-_token_logprobs = jax.jit(sampler.token_logprobs, static_argnums=1)
+_token_logprobs = jax.jit(logprobs.token_logprobs, static_argnums=1)
 
 
 def random_params(seed: int = 0):
@@ -271,7 +274,7 @@ def _unchunked_logprobs(params, config, prompt_BP, prompt_mask_BP, tokens_BT, ma
 @pytest.mark.slow
 def test_token_logprobs_runs_each_prompt_of_a_group_once(params, monkeypatch):
     """GRPO's G responses to one prompt: given one prompt per group of G consecutive rows,
-    `token_logprobs` runs each prompt through the model once (`model.response_hidden`, which
+    `token_logprobs` runs each prompt through the model once (`qwen3.response_hidden`, which
     also leaves out the last response token: its hidden state scores nothing). It equals
     `forward` over every row's whole ``[prompt, response]`` (prompts left-padded, responses
     cut short by the mask, T = 1 too), as does the one-prompt-per-row call: float32 log-probs
@@ -300,7 +303,7 @@ def test_token_logprobs_runs_each_prompt_of_a_group_once(params, monkeypatch):
         return jax.jit(jax.value_and_grad(f, has_aux=True))(params)
 
     def grouped(p, prompt, prompt_mask, tokens, mask):
-        return sampler.token_logprobs(
+        return logprobs.token_logprobs(
             p, CONFIG, prompt, prompt_mask, tokens, mask, temperature=temp, return_entropy=True
         )
 
@@ -340,7 +343,7 @@ def test_token_logprobs_runs_each_prompt_of_a_group_once(params, monkeypatch):
 
     five = (jnp.concatenate([a, a[:1]]) for a in (prompt_NP, prompt_mask_NP))
     with pytest.raises(ValueError, match="5 prompts for 12 response rows"):
-        sampler.token_logprobs(params, CONFIG, *five, tokens_BT, mask_BT)
+        logprobs.token_logprobs(params, CONFIG, *five, tokens_BT, mask_BT)
 
     bf16 = cast_params(params, jnp.bfloat16)
     seq_BS = jnp.concatenate([prompt_BP, tokens_BT], axis=1)
@@ -360,10 +363,10 @@ def test_token_logprobs_runs_each_prompt_of_a_group_once(params, monkeypatch):
 
     def full_rows(p):  # every row's whole sequence through the decoder, as before
         hidden_BTD = final_hidden(p, CONFIG, seq_BS, seq_mask_BS)[:, P - 1 : P - 1 + T]
-        return sampler._chunked_logp_entropy(p, hidden_BTD, tokens_BT, 1.0, sampler.LOGITS_CHUNK)
+        return logprobs._chunked_logp_entropy(p, hidden_BTD, tokens_BT, 1.0, logprobs.LOGITS_CHUNK)
 
     per_group = flops(
-        lambda p: sampler.token_logprobs(p, CONFIG, prompt_NP, prompt_mask_NP, tokens_BT, mask_BT)
+        lambda p: logprobs.token_logprobs(p, CONFIG, prompt_NP, prompt_mask_NP, tokens_BT, mask_BT)
     )
     print(f"flops: full rows {flops(full_rows):.4g}, one prompt per group {per_group:.4g}")
     # measured 1.226e7 and 8.394e6. Positions through the decoder: P + T per row in full rows,
@@ -398,7 +401,7 @@ def test_token_logprobs_chunks_the_lm_head_without_changing_values_or_gradients(
     (_, want), want_grad = objective(lambda p: _unchunked_logprobs(p, CONFIG, *args, temp))(params)
     for chunk in (1, 3 * B * V, 1 << 30):  # C = 1, C = 3 (T padded to 12), C = T
         (_, got), got_grad = objective(
-            lambda p, chunk=chunk: sampler.token_logprobs(
+            lambda p, chunk=chunk: logprobs.token_logprobs(
                 p, CONFIG, *args, temperature=temp, return_entropy=True, chunk_logits=chunk
             )
         )(params)
@@ -423,7 +426,7 @@ def test_token_logprobs_chunks_the_lm_head_without_changing_values_or_gradients(
         return grad.lower(wide_params).compile().memory_analysis().temp_size_in_bytes
 
     chunked = temp_bytes(
-        lambda p: sampler.token_logprobs(p, wide, *args, chunk_logits=B * wide.vocab_size)
+        lambda p: logprobs.token_logprobs(p, wide, *args, chunk_logits=B * wide.vocab_size)
     )
     unchunked = temp_bytes(lambda p: _unchunked_logprobs(p, wide, *args, 1.0)[0])
     print(
@@ -1030,7 +1033,7 @@ def test_each_layout_is_the_one_the_loop_runs(params, layout, kind):
     model's arrays themselves, the embedding table as the tied head) or plain ``[out, in]``
     arrays, turning another layout's prepared params into its own (same arrays), quantized
     weights as they are; a ``fused`` layout each layer's q/k/v and gate/up as one weight each
-    (`model.fuse_projections`). In the loop, the dots of a float32 model's decode steps under
+    (`qwen3.fuse_projections`). In the loop, the dots of a float32 model's decode steps under
     ``columns`` are ``w @ x^T`` (result ``[out, rows]``): a decode step's 7 per layer (4
     fused) and its LM head's, the prefill's over its B x P rows (at most
     `quant.COLUMNS_MAX_ROWS` here) and its LM head's over the B last positions. Other dtypes
@@ -1045,7 +1048,7 @@ def test_each_layout_is_the_one_the_loop_runs(params, layout, kind):
         for i, layer in enumerate(d["layers"]):
             assert L.fused == ("q_proj" not in layer and "up_proj" not in layer), layer.keys()
             own = sampler.decode_params(p, "out_in", CONFIG)["layers"][i]
-            want = model.fuse_projections(own, CONFIG) if L.fused else own
+            want = qwen3.fuse_projections(own, CONFIG) if L.fused else own
             for name in names:
                 w = layer[name]
                 if kind == "fp8":

@@ -29,14 +29,15 @@ import pytest
 from jax.sharding import PartitionSpec as P
 from training_run import SHARDED_MODEL
 
-from ais_jax import data, plan
-from ais_jax import sharding as shd
+from ais_jax.cli import plan
 from ais_jax.config import CorrectionConfig, DistributedConfig, MeshConfig
-from ais_jax.llada import LLaDAConfig
-from ais_jax.model import init_cache, param_shapes
-from ais_jax.model_config import ModelConfig
-from ais_jax.quant import quantize_fp8
+from ais_jax.models import init_cache, param_shapes
+from ais_jax.models.llada import LLaDAConfig
+from ais_jax.models.qwen3 import ModelConfig
+from ais_jax.nn.quant import quantize_fp8
+from ais_jax.parallel import sharding as shd
 from ais_jax.tasks import Arithmetic
+from ais_jax.train import data
 
 TINY = SHARDED_MODEL
 SIZES = {"data": 2, "fsdp": 2, "tensor": 2}
@@ -113,7 +114,7 @@ def test_rollout_preset_is_tensor_parallel_and_quantized_weights_follow_their_ta
 
 def test_optimizer_moments_shard_like_their_params():
     from ais_jax.config import OptimConfig
-    from ais_jax.train import init_state, make_optimizer
+    from ais_jax.train.step import init_state, make_optimizer
 
     state = jax.eval_shape(
         lambda p: init_state(p, make_optimizer(OptimConfig(), 1)), param_shapes(TINY, jnp.float32)

@@ -18,9 +18,9 @@ import pytest
 import torch
 import transformers
 
-from ais_jax.hf import HFTokenizer, load_hf
-from ais_jax.model import forward
-from ais_jax.model_config import ModelConfig
+from ais_jax.io.hf import HFTokenizer, load_hf
+from ais_jax.models import forward
+from ais_jax.models.qwen3 import ModelConfig
 
 pytestmark = pytest.mark.slow  # the real SmolLM2-135M checkpoint against transformers
 
@@ -52,7 +52,7 @@ def reference(folder):
 
 
 def test_config_is_smollm2_135m():
-    from ais_jax.hf import read_config
+    from ais_jax.io.hf import read_config
 
     config = read_config(PATH)
     assert config.architecture == "LlamaForCausalLM"

@@ -34,11 +34,11 @@ from tunix.sft import metrics_logger
 from ais_jax import ais, init_params
 from ais_jax.config import RolloutConfig
 from ais_jax.integrations import tunix as ais_tunix
-from ais_jax.model import forward
-from ais_jax.sampler import generate
+from ais_jax.models import forward
+from ais_jax.rollout.sampler import generate
 from ais_jax.tasks.arithmetic import Arithmetic
 from ais_jax.tasks.tokenizer import CharTokenizer
-from ais_jax.train import sync_rollout_params
+from ais_jax.train.step import sync_rollout_params
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 TOKENIZER = CharTokenizer()

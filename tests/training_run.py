@@ -17,7 +17,7 @@ not bf16 rounding.
 
 import dataclasses
 
-from ais_jax.model_config import ModelConfig
+from ais_jax.models.qwen3 import ModelConfig
 
 MODEL = ModelConfig(
     vocab_size=64,

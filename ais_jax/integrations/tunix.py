@@ -83,9 +83,9 @@ from tunix.rl.rollout import base_rollout
 
 from ais_jax import ais
 from ais_jax.config import RolloutConfig
-from ais_jax.model_config import ModelConfig
-from ais_jax.sampler import generate
-from ais_jax.train import sync_rollout_params
+from ais_jax.models.qwen3 import ModelConfig
+from ais_jax.rollout.sampler import generate
+from ais_jax.train.step import sync_rollout_params
 
 __all__ = [
     "CORRECTIONS",
@@ -418,7 +418,7 @@ class Rollout(base_rollout.BaseRollout):
     tunix builds it from ``ClusterConfig(rollout_engine=functools.partial(Rollout, format=...))``
     with the actor model, the tokenizer, the rollout mesh and its `RolloutConfig`. ``format``:
     ``"float8_e4m3fn"`` (default; ais_jax's W8A8 with per-tensor weight scales),
-    ``"bf16"``, or any of `ais_jax.quant.FORMATS`; ``act_scaling`` ``"tensor"`` (per-tensor
+    ``"bf16"``, or any of `ais_jax.nn.quant.FORMATS`; ``act_scaling`` ``"tensor"`` (per-tensor
     dynamic activation scales) or ``"token"``; ``fp8_lm_head`` also quantizes the LM head.
     ``seed`` seeds the draws when the RolloutConfig has none: call n of `generate` uses
     ``fold_in(key, n)``.

@@ -17,7 +17,7 @@ holds several, the *last* one counts -- the rule of verl's reward functions
   or is followed by an operator, is not a stated answer (``\\sqrt{2}``, ``2^{10}`` and
   ``48 + 24`` state none);
 * :func:`gsm8k_final_answer` and :func:`math_final_answer`: a response's final answer as a
-  string that equal answers share (for maj@k votes, `ais_jax.evaluation`): GSM8K's number in
+  string that equal answers share (for maj@k votes, `analysis.evaluation`): GSM8K's number in
   lowest terms (``18``, ``18.00`` and ``\\boxed{18 \\text{ apples}}`` are all ``"18"``), MATH's
   last ``\\boxed{}`` content (compared by math-verify, not as a string);
 * :func:`parse_number`: a GSM8K ground truth (``"1,024"``, ``"-3"``, ``"0.5"``) as an exact

@@ -87,7 +87,7 @@ class JsonlTask:
       chat: how the examples' ``messages`` were built; ``chat.template_kwargs`` (e.g.
         ``{"enable_thinking": False}``) go to the tokenizer's chat template with them.
       extract: ``extract(response) -> str | None``, the final answer a response states (for
-        maj@k votes, `ais_jax.evaluation`); None: the stripped response.
+        maj@k votes, `ais_jax.analysis.evaluation`); None: the stripped response.
       equivalent: ``equivalent(a, b) -> bool`` on two extracted answers (default: ``==``).
     """
 

@@ -9,7 +9,7 @@ The ids are fixed (changing them would silently invalidate checkpoints)::
     13 '/'    14-23 '0'-'9'   24 '='   25 '|'   26-51 'A'-'Z'   52-77 'a'-'z'
 
 that is, the three special tokens, then the characters of :data:`CHARACTERS` in order. It has
-the interface of the ``tokenizers``-backed wrapper for real checkpoints (`ais_jax.hf.HFTokenizer`):
+the interface of the ``tokenizers``-backed wrapper for real checkpoints (`io.hf.HFTokenizer`):
 ``encode``, ``decode``, ``vocab_size``, ``pad_id``, ``bos_id``, ``eos_id``, ``eos_ids`` and
 ``chat_template`` (always None here: prompts stay plain text).
 ``encode`` adds no special tokens; the caller prepends ``bos_id`` / appends ``eos_id``.

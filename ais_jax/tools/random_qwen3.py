@@ -11,11 +11,11 @@ that every part of the real-model path reads as it would read Qwen3-0.6B (``ais-
 
 The directory holds:
 
-* ``config.json`` + ``model.safetensors`` (`ais_jax.hf.save_hf`): a ``Qwen3ForCausalLM`` with
+* ``config.json`` + ``model.safetensors`` (`ais_jax.io.hf.save_hf`): a ``Qwen3ForCausalLM`` with
   vocabulary ``--vocab-size`` (151,936, Qwen3's padded vocabulary, by default) and the shape of
   ``--preset`` (``qwen3-0.6b`` by default) with ``--layers``, ``--hidden``, ... overriding it.
   Weights are drawn with NumPy from ``--seed``: matrices ``0.02 N(0, 1)`` (as
-  `ais_jax.model.init_params` and Hugging Face's initializer), every RMSNorm scale
+  `ais_jax.models.init_params` and Hugging Face's initializer), every RMSNorm scale
   ``1 + 0.1 N(0, 1)`` (not all ones, so a test of logits compares non-trivial numbers);
 * the tokenizer files copied from ``--tokenizer``: ``tokenizer.json`` (or ``tokenizer.json.gz``,
   decompressed, as the test fixture ships it), ``tokenizer_config.json`` (with the chat
@@ -38,9 +38,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ais_jax.hf import CheckpointError, HFTokenizer, check_vocab, save_hf
-from ais_jax.model import param_shapes
-from ais_jax.model_config import ModelConfig
+from ais_jax.io.hf import CheckpointError, HFTokenizer, check_vocab, save_hf
+from ais_jax.models import param_shapes
+from ais_jax.models.qwen3 import ModelConfig
 
 __all__ = ["QWEN3_VOCAB", "write_random_qwen3"]
 

@@ -20,7 +20,7 @@ import json
 import sys
 from pathlib import Path
 
-from ais_jax import stats
+from ais_jax.analysis import stats
 
 
 def _ci(e: stats.Estimate) -> str:

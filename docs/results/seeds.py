@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ais_jax import stats
+from ais_jax.analysis import stats
 
 
 def main(run_dirs: list[str]) -> str:
@@ -56,7 +56,7 @@ def main(run_dirs: list[str]) -> str:
 
 def plot(run_dirs: list[str], out_file: str) -> None:
     """Held-out greedy and sampled accuracy over GRPO steps, every run a thin line."""
-    from ais_jax.plots import plot_arm_curves, read_metrics
+    from ais_jax.analysis.plots import plot_arm_curves, read_metrics
 
     curves = [read_metrics(Path(d) / "eval.jsonl") for d in run_dirs]
     plot_arm_curves(

@@ -14,7 +14,7 @@ same table and presets as the real run (`sharding.partition_spec`):
                   float32 conv state [batch, X-1, W] and
                   recurrent state [batch, U, I, O] (no seq)
 
-A Qwen3.5 model (`qwen35.Qwen35Config`, ``--model qwen3.5-9b``) has a KV cache for its
+A Qwen3.5 model (``--model qwen3.5-9b``) has a KV cache for its
 full-attention layers only; its linear-attention layers carry the fixed-size state instead
 (`qwen35.HybridCache`), whatever the sequence length.
 
@@ -27,8 +27,8 @@ fused decode layout's copy of each layer's q/k/v and gate/up weights (`model.fus
 ``optim.remat=true`` keeps the update's activations to the residual stream (one ``[b, S, D]``
 per layer) and one layer's own.
 
-Diffusion models (``--model llada-8b``, `llada.LLaDAConfig`) have the same parameter layout
-(`llada.py` uses `model.py`'s names), so the first five rows are computed the same way. Their
+Diffusion models (``--model llada-8b``) have the same parameter layout
+(`llada.py` uses `qwen3.py`'s names), so the first five rows are computed the same way. Their
 rollout (`diffusion_sampler.generate`) has **no KV cache**: each of the ``steps`` denoising
 steps is one full bidirectional forward over all S = prompt + gen_length positions (``--seq``),
 the steps one after another in a loop, so memory is ONE forward's activations (time is ``steps``
@@ -66,18 +66,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ais_jax import llada
-from ais_jax import sharding as shd
+from ais_jax import models
 from ais_jax.config import MeshConfig, OptimConfig
-from ais_jax.llada import LLaDAConfig
-from ais_jax.model import cast_params, init_cache, init_params
-from ais_jax.model_config import ModelConfig, preset
-from ais_jax.quant import quantize_fp8
-from ais_jax.qwen35 import Qwen35Config
-from ais_jax.train import make_optimizer
+from ais_jax.models import Config, init_cache, init_params
+from ais_jax.nn.layers import cast_params
+from ais_jax.nn.quant import quantize_fp8
+from ais_jax.parallel import sharding as shd
+from ais_jax.train.step import make_optimizer
 
 GIB = 1024**3
-DIFFUSION_PRESETS = {"llada-8b": LLaDAConfig.llada_8b}
+DIFFUSION_PRESETS = ("llada-8b",)
 DIFFUSION_NOTE = (
     "Diffusion rollout: no KV cache; each of the `steps` denoising steps is one full forward "
     "over\nprompt + gen_length = --seq tokens, run one after another: memory counts ONE "
@@ -117,14 +115,14 @@ def _total_bytes(tree) -> int:
     return sum(np.dtype(x.dtype).itemsize * math.prod(x.shape) for x in jax.tree.leaves(tree))
 
 
-def resolve_model(name: str) -> ModelConfig | Qwen35Config | LLaDAConfig:
-    """A Qwen3 or Qwen3.5 preset (`model_config.preset`) or a diffusion preset
-    (`DIFFUSION_PRESETS`)."""
+def resolve_model(name: str) -> Config:
+    """A Qwen3 or Qwen3.5 preset or a diffusion preset (`DIFFUSION_PRESETS`), by
+    `models.preset`."""
     key = name.lower().replace("_", "-")
     if key in DIFFUSION_PRESETS:
-        return DIFFUSION_PRESETS[key]()
+        return models.preset(key, "llada")
     try:
-        return preset(name)
+        return models.preset(name)
     except ValueError as e:
         raise ValueError(
             f"{str(e).rstrip('.')}; diffusion presets: {list(DIFFUSION_PRESETS)}."
@@ -138,7 +136,7 @@ def _split(n: int, ways: int) -> int:
 
 
 def diffusion_activation_bytes(
-    config: LLaDAConfig, batch: int, seq: int, tensor: int = 1, gen_length: int | None = None
+    config: Config, batch: int, seq: int, tensor: int = 1, gen_length: int | None = None
 ):
     """Peak activation bytes of one denoising step: a bidirectional forward of ``batch`` rows
     (already one device's share) over ``seq`` positions, ``gen_length`` of them the response
@@ -161,7 +159,7 @@ def diffusion_activation_bytes(
 
 
 def plan_memory(
-    config: ModelConfig | LLaDAConfig,
+    config: Config,
     sizes: Mapping[str, int],
     *,
     batch: int,
@@ -176,9 +174,8 @@ def plan_memory(
     ways = sizes["data"] * sizes["fsdp"]
     if batch % ways:
         raise ValueError(f"batch={batch} is not divisible by mesh data x fsdp = {ways}.")
-    diffusion = isinstance(config, LLaDAConfig)
-    init = llada.init_params if diffusion else init_params
-    params = jax.eval_shape(lambda k: init(config, k, jnp.float32), jax.random.key(0))
+    diffusion = models.family_of(config).kind == "diffusion"
+    params = jax.eval_shape(lambda k: init_params(config, k, jnp.float32), jax.random.key(0))
     bf16 = jax.eval_shape(lambda p: cast_params(p, jnp.bfloat16), params)
     opt_state = jax.eval_shape(make_optimizer(optim or OptimConfig(), 1).init, params)
     fp8 = jax.eval_shape(quantize_fp8, params)
@@ -191,11 +188,11 @@ def plan_memory(
     }
     if not diffusion:
         cache = jax.eval_shape(lambda: init_cache(config, batch, seq, jnp.bfloat16))
-        kv = cache.attention if isinstance(config, Qwen35Config) else cache
+        kv = getattr(cache, "attention", cache)  # a hybrid cache's KV part (Qwen3.5)
         trees["kv_cache"] = (f"KV cache (bf16, {batch} x {seq})", "rollout", kv)
-    if isinstance(config, Qwen35Config):
-        label = f"linear-attn state (f32, {batch} rows)"
-        trees["linear_state"] = (label, "rollout", cache.linear)
+        if hasattr(cache, "linear"):  # and its recurrent states
+            label = f"linear-attn state (f32, {batch} rows)"
+            trees["linear_state"] = (label, "rollout", cache.linear)
     rules = {"train": shd.TRAIN, "rollout": shd.ROLLOUT}
     rows = {
         key: Row(label, layout, _total_bytes(tree), device_bytes(tree, rules[layout], sizes))
@@ -260,7 +257,7 @@ def main(args) -> int:
         f"ais-jax plan: {args.model} ({config.num_params / 1e9:.2f}B parameters) on "
         f"{mesh.describe()} ({math.prod(sizes.values())} devices); rollout batch "
         f"{args.batch} x {args.seq} tokens"
-        + (" (prompt + gen_length)" if isinstance(config, LLaDAConfig) else "")
+        + (" (prompt + gen_length)" if models.family_of(config).kind == "diffusion" else "")
     )
     print(format_table(rows, title))
     return 0

@@ -37,11 +37,11 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-from ais_jax import preemption
 from ais_jax.config import SEED_RANGE, show
-from ais_jax.hf import CheckpointError
-from ais_jax.paths import dumps_strict, os_error_message, write_atomic
+from ais_jax.io.hf import CheckpointError
+from ais_jax.io.paths import dumps_strict, os_error_message, write_atomic
 from ais_jax.tasks import RewardError
+from ais_jax.train import preemption
 
 log = logging.getLogger("ais_jax.cli")
 
@@ -81,9 +81,9 @@ def _load(args):
 
 
 def _cmd_train(args) -> int:
-    from ais_jax.checkpoint import UnreadableCheckpoint, steps_words
-    from ais_jax.job import run_training
-    from ais_jax.run_log import describe
+    from ais_jax.io.checkpoint import UnreadableCheckpoint, steps_words
+    from ais_jax.io.run_log import describe
+    from ais_jax.train.job import run_training
 
     out = Path(args.out) if args.out else _new_run_dir("train")
     if args.resume and not args.config and (out / "config.yaml").is_file():
@@ -136,9 +136,9 @@ def _late_signal(stop, command: str, out: Path) -> int:
 def _restored_run(run_dir: Path, step: int | None = None):
     """The run in ``run_dir`` restored from its checkpoint of ``step`` (--step; default: the
     newest). A damaged checkpoint is one error naming the other steps --step can pick."""
-    from ais_jax.checkpoint import UnreadableCheckpoint, steps_words
     from ais_jax.config import load_config
-    from ais_jax.job import make_run
+    from ais_jax.io.checkpoint import UnreadableCheckpoint, steps_words
+    from ais_jax.train.job import make_run
 
     if not (run_dir / "config.yaml").is_file():
         raise CheckpointError(f"{run_dir} is not a training run directory (no config.yaml).")
@@ -160,9 +160,9 @@ def _restored_run(run_dir: Path, step: int | None = None):
 
 
 def _cmd_eval(args) -> int:
-    """pass@1 (greedy), mean@k, maj@k and pass@k with 95% intervals (`ais_jax.evaluation`),
+    """pass@1 (greedy), mean@k, maj@k and pass@k with 95% intervals (`ais_jax.analysis.evaluation`),
     printed as JSON with the settings they hold for; one row per example in ``--out``."""
-    from ais_jax import evaluation
+    from ais_jax.analysis import evaluation
 
     _positive("--examples", args.examples, optional=True)
     _positive("--k", args.k)
@@ -223,11 +223,11 @@ def _cmd_sample(args) -> int:
     import jax
     import numpy as np
 
-    from ais_jax.data import decode_responses, encode_prompts, prompt_ids
-    from ais_jax.hf import HFTokenizer, load_hf, require_decoder
-    from ais_jax.sampler import generate
+    from ais_jax.io.hf import HFTokenizer, load_hf, require_decoder
+    from ais_jax.rollout.sampler import generate
     from ais_jax.tasks.base import Example
-    from ais_jax.train import sync_rollout_params
+    from ais_jax.train.data import decode_responses, encode_prompts, prompt_ids
+    from ais_jax.train.step import sync_rollout_params
 
     _positive("--n", args.n)
     _positive("--max-new-tokens", args.max_new_tokens, optional=True)
@@ -242,10 +242,11 @@ def _cmd_sample(args) -> int:
         raise ValueError("--step picks a checkpoint of --run; --checkpoint is one set of weights.")
     if args.run:
         run = _restored_run(Path(args.run), args.step)
-        if run.cfg.model.family == "llada":
+        if run.family.kind != "autoregressive":
             raise ValueError(
-                f"ais-jax sample: {args.run} is a LLaDA (masked-diffusion) run, which this "
-                "command does not sample; ais-jax eval --run RUN --out FILE writes its responses."
+                f"ais-jax sample: {args.run} is a {run.family.name} ({run.family.kind}) run, "
+                "which this command does not sample; ais-jax eval --run RUN --out FILE writes "
+                "its responses."
             )
         config, tokenizer, rollout = run.model_config, run.tokenizer, run.cfg.rollout
         params = run.state.params
@@ -293,17 +294,10 @@ def _cmd_sample(args) -> int:
 
 
 def _cmd_export(args) -> int:
-    from ais_jax.hf import save_hf
+    from ais_jax.io.hf import save_hf
 
     run = _restored_run(Path(args.run), args.step)
-    if run.cfg.model.family == "llada":  # LLaDA's own checkpoint layout
-        import jax
-
-        from ais_jax.llada import save_llada
-
-        path = save_llada(args.to, run.model_config, jax.device_get(run.state.params))
-    else:
-        path = save_hf(args.to, run.model_config, run.state.params)
+    path = save_hf(args.to, run.model_config, run.state.params)  # in the family's own layout
     if hasattr(run.tokenizer, "save"):
         run.tokenizer.save(path)
     print(f"wrote {path}")
@@ -311,7 +305,7 @@ def _cmd_export(args) -> int:
 
 
 def _cmd_compare(args) -> int:
-    from ais_jax.compare import run_comparison
+    from ais_jax.experiments.compare import run_comparison
 
     _positive("--seeds", args.seeds)
     cfg = _load(args)
@@ -340,7 +334,7 @@ def _cmd_compare(args) -> int:
 
 
 def _cmd_plan(args) -> int:
-    from ais_jax.plan import main as plan_main
+    from ais_jax.cli.plan import main as plan_main
 
     return plan_main(args)
 

@@ -20,22 +20,22 @@ import jax
 import jax.numpy as jnp
 from tqdm import tqdm
 
-from ais_jax import preemption
-from ais_jax import sharding as shd
-from ais_jax.checkpoint import resume_config, write_config
 from ais_jax.config import TrainConfig
-from ais_jax.diffusion_run import DiffusionRun
-from ais_jax.paths import claim_run_dir
-from ais_jax.provenance import provenance
-from ais_jax.run_log import RunLog, accuracy_words, forget_set_aside
-from ais_jax.runner import Run
+from ais_jax.io.checkpoint import resume_config, write_config
+from ais_jax.io.paths import claim_run_dir
+from ais_jax.io.provenance import provenance
+from ais_jax.io.run_log import RunLog, accuracy_words, forget_set_aside
+from ais_jax.parallel import sharding as shd
+from ais_jax.train import preemption
+from ais_jax.train.diffusion_run import DiffusionRun
+from ais_jax.train.run import Run
 
 log = logging.getLogger(__name__)
 
 
 def make_run(cfg: TrainConfig, out: str | Path) -> Run:
-    """`Run`, or `diffusion_run.DiffusionRun` for ``model.family: llada``."""
-    return (DiffusionRun if cfg.model.family == "llada" else Run)(cfg, out)
+    """`Run`, or `diffusion_run.DiffusionRun` for a diffusion family (``model.family: llada``)."""
+    return (DiffusionRun if cfg.model.kind == "diffusion" else Run)(cfg, out)
 
 
 def run_training(

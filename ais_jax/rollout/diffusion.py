@@ -95,11 +95,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from ais_jax import llada
-from ais_jax.llada import LLaDAConfig
-from ais_jax.model import Params
-from ais_jax.quant import widen_tree_codes
-from ais_jax.sampler import pad_prompts
+from ais_jax.models import llada
+from ais_jax.models.llada import LLaDAConfig
+from ais_jax.nn.layers import Params
+from ais_jax.nn.quant import widen_tree_codes
+from ais_jax.rollout.sampler import pad_prompts
 
 REMASKING = ("low_confidence", "random")  # index = the runtime code passed to the loop
 F32 = jnp.float32

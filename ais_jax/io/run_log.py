@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from ais_jax.paths import dumps_strict, safe_path, write_atomic, write_json
+from ais_jax.io.paths import dumps_strict, safe_path, write_atomic, write_json
 
 __all__ = [
     "EventWriter",
@@ -104,7 +104,7 @@ class RunLog:
         first and last `SUMMARY_WINDOW` steps, at most half the run) and time per phase, from
         metrics.jsonl, and ``provenance``; a resumed run keeps its first summary's start
         entries. And the plots of metrics.jsonl."""
-        from ais_jax.plots import plot_run  # matplotlib: imported only when a run ends
+        from ais_jax.analysis.plots import plot_run
 
         text = self.metrics.read_text() if self.metrics.exists() else ""
         rows = [json.loads(line) for line in text.splitlines() if line]

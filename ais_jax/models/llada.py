@@ -17,20 +17,21 @@ then ``logits = RMSNorm(x) W_head^T`` (``W_head`` = the embedding when `tie_embe
 RoPE is rotate-half with `rope_theta`, applied in float32 when `rope_full_precision` (LLaDA's
 default). RMSNorm keeps float32 statistics and multiplies its weight in the compute dtype.
 
-Parameters use `model.py`'s names and layout (``[L, ...]`` stacked, Hugging Face ``[out, in]``):
+Parameters use `qwen3.py`'s names and layout (``[L, ...]`` stacked, Hugging Face ``[out, in]``):
 
     embed [V, D]   final_norm [D]   lm_head [V, D] (untied only)
     layers: input_norm [L, D]  q_proj [L, H*E, D]  k_proj/v_proj [L, K*E, D]  o_proj [L, D, H*E]
             post_norm [L, D]  gate_proj/up_proj [L, F, D]  down_proj [L, D, F]
 
 so `quant.quantize_fp8` makes the FP8 W8A8 rollout copy unchanged: every projection goes
-through `quant.linear`. LLaDA's checkpoint names map onto these in `load_llada` / `save_llada`
+through `quant.linear`. LLaDA's checkpoint names map onto these in `tensor_names` (read and
+written by `io.hf`)
 (``attn_norm`` -> input_norm, ``attn_out`` -> o_proj, ``ff_norm`` -> post_norm, ``ff_proj`` ->
 gate_proj, ``up_proj``, ``ff_out`` -> down_proj; ``wte``, ``ln_f``, top-level ``ff_out`` ->
 lm_head).
 
 Padding: `forward` takes a left-padded batch and its mask; padding keys are never attended to and
-positions count valid tokens only (`model.positions_from_mask`), so a row's logits do not depend
+positions count valid tokens only (`layers.positions_from_mask`), so a row's logits do not depend
 on its padding. LLaDA's reference uses absolute positions 0..S-1 with padding: RoPE scores depend
 on position differences only, so that is the same function (up to rounding) on every valid
 position.
@@ -42,29 +43,29 @@ Dimensions (docs/design.md's key): B rows, S positions, V vocabulary (LLaDA's
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-import safetensors.numpy
 
 from ais_jax import checks
-from ais_jax.hf import CheckpointError, _read_tensors, _weight_files, read_json_object
-from ais_jax.model import (
+from ais_jax.models.family import Family, TensorName
+from ais_jax.models.qwen3 import PROJECTIONS, dense_params
+from ais_jax.nn.layers import (
     Params,
-    _mlp,
     attention,
-    dense_params,
     embed,
+    layer_params,
+    mlp,
     positions_from_mask,
     rms_norm,
     rope,
+    unstack_layers,
 )
-from ais_jax.quant import linear
+from ais_jax.nn.quant import linear
+
+ARCHITECTURE = "LLaDAModelLM"
+PRESETS = ("tiny", "llada-8b")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -181,7 +182,7 @@ class LLaDAConfig:
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> LLaDAConfig:
         """``"tiny"`` or ``"llada-8b"`` with field overrides (a ValueError names the choices)."""
-        presets = {"tiny": cls.tiny, "llada-8b": cls.llada_8b}
+        presets = dict(zip(PRESETS, (cls.tiny, cls.llada_8b), strict=True))
         if name not in presets:
             raise ValueError(f"Unknown LLaDA preset {name!r}; valid presets: {list(presets)}.")
         return dataclasses.replace(presets[name](), **overrides)
@@ -266,7 +267,7 @@ class LLaDAConfig:
         """LLaDA's config.json keys (those of LLaDA-8B-Instruct's file, without ``auto_map``:
         loading with `transformers` needs LLaDA's remote code files copied beside it)."""
         return {
-            "architectures": ["LLaDAModelLM"],
+            "architectures": [ARCHITECTURE],
             "model_type": "llada",
             "block_type": "llama",
             "activation_type": "silu",
@@ -310,7 +311,7 @@ class LLaDAConfig:
 
 
 def init_params(config: LLaDAConfig, key: jax.Array, dtype=jnp.float32) -> Params:
-    """Random parameters (normal, std 0.02; norms at one) in `model.py`'s layout."""
+    """Random parameters (normal, std 0.02; norms at one) in `qwen3.py`'s layout."""
     return dense_params(config, key, dtype)
 
 
@@ -335,14 +336,7 @@ def _layer(lp: Params, c: LLaDAConfig, x_BSD, positions_BS, mask_BS, allowed_BSS
     )
     x_BSD = x_BSD + linear(out_BSD, lp["o_proj"], row_mask=mask_BS)
     h_BSD = rms_norm(x_BSD, lp["post_norm"], c.rms_norm_eps)
-    return x_BSD + _mlp(lp, h_BSD, mask_BS)
-
-
-def _layer_params(params: Params, i: int) -> Params:
-    layers = params["layers"]
-    if isinstance(layers, list | tuple):  # unstacked (model.unstack_layers)
-        return layers[i]
-    return jax.tree_util.tree_map(lambda a: a[i], layers)
+    return x_BSD + mlp(lp, h_BSD, mask_BS)
 
 
 def forward(
@@ -360,7 +354,7 @@ def forward(
     if c.input_emb_norm:
         x_BSD = x_BSD * jnp.asarray(c.hidden_size**0.5, x_BSD.dtype)
     for i in range(c.num_layers):
-        x_BSD = _layer(_layer_params(params, i), c, x_BSD, positions_BS, mask_BS, allowed_BSS)
+        x_BSD = _layer(layer_params(params, i), c, x_BSD, positions_BS, mask_BS, allowed_BSS)
     x_BSD = rms_norm(x_BSD, params["final_norm"], c.rms_norm_eps)
     head = params.get("lm_head", params["embed"])
     logits_BSV = linear(x_BSD, head, row_mask=mask_BS, out_dtype=jnp.float32)
@@ -396,68 +390,36 @@ def _block_prefix(config: LLaDAConfig, i: int) -> str:
     return f"model.transformer.block_groups.{i // g}.{i % g}."
 
 
-def _names(config: LLaDAConfig) -> dict[str, tuple[str, int | None, tuple[int, ...]]]:
-    """LLaDA tensor name -> (our name, layer index or None, shape)."""
+def tensor_names(config: LLaDAConfig) -> dict[str, TensorName]:
+    """Every tensor name of a LLaDA checkpoint (the hub's layout) -> `family.TensorName`."""
     shapes = jax.eval_shape(lambda k: init_params(config, k), jax.random.key(0))
     names = {
-        hf: (ours, None, shapes[ours].shape) for ours, hf in _TOP_NAMES.items() if ours in shapes
+        hf: TensorName(ours, None, tuple(shapes[ours].shape))
+        for ours, hf in _TOP_NAMES.items()
+        if ours in shapes
     }
     for ours, suffix in _BLOCK_NAMES.items():
+        shape = tuple(shapes["layers"][ours].shape[1:])
         for i in range(config.num_layers):
-            names[_block_prefix(config, i) + suffix] = (ours, i, shapes["layers"][ours].shape[1:])
+            names[_block_prefix(config, i) + suffix] = TensorName(ours, i, shape)
     return names
 
 
-def load_llada(path: str | os.PathLike, *, dtype=jnp.bfloat16) -> tuple[LLaDAConfig, Params]:
-    """Read a LLaDA checkpoint directory (hub layout: config.json + safetensors) as
-    ``(config, params)``. Errors are `hf.CheckpointError`s naming the file and tensor."""
-    path = Path(path)
-    cfg_file = path / "config.json"
-    if not cfg_file.is_file():
-        raise CheckpointError(f"{cfg_file} is missing: a LLaDA checkpoint needs config.json.")
-    try:
-        config = LLaDAConfig.from_hf_dict(read_json_object(cfg_file), source=str(cfg_file))
-    except ValueError as e:
-        raise CheckpointError(str(e)) from None
-    tensors = _read_tensors(_weight_files(path))
-    expected = _names(config)
-    if config.tie_embeddings:  # a tied checkpoint may carry a copy of the head
-        tensors.pop(_TOP_NAMES["lm_head"], None)
-    problems = [f"missing tensor {n!r}" for n in sorted(set(expected) - set(tensors))]
-    problems += [f"unexpected tensor {n!r}" for n in sorted(set(tensors) - set(expected))]
-    problems += [
-        f"tensor {n!r} has shape {tuple(tensors[n].shape)}, expected {expected[n][2]}"
-        for n in sorted(set(expected) & set(tensors))
-        if tuple(tensors[n].shape) != expected[n][2]
-    ]
-    if problems:
-        raise CheckpointError(
-            f"LLaDA checkpoint {path} does not match its config.json: "
-            + "; ".join(problems[:8])
-            + (f" ... ({len(problems)} problems)" if len(problems) > 8 else "")
-            + "."
-        )
-    params: dict[str, Any] = {}
-    per_layer: dict[str, list] = {ours: [None] * config.num_layers for ours in _BLOCK_NAMES}
-    for name, (ours, layer, _) in expected.items():
-        if layer is None:
-            params[ours] = jnp.asarray(tensors[name], dtype)
-        else:
-            per_layer[ours][layer] = tensors[name]
-    params["layers"] = {k: jnp.asarray(np.stack(v), dtype) for k, v in per_layer.items()}
-    return config, params
+def _unstack(params: Params, config: LLaDAConfig | None = None) -> Params:
+    return unstack_layers(params)
 
 
-def save_llada(path: str | os.PathLike, config: LLaDAConfig, params: Params) -> Path:
-    """Write ``params`` as a LLaDA checkpoint directory (config.json + one model.safetensors
-    with LLaDA's tensor names) that `load_llada` and LLaDA's remote code read."""
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    tensors = {}
-    for hf, (ours, layer, _) in _names(config).items():
-        tensor = params[ours] if layer is None else params["layers"][ours][layer]
-        tensors[hf] = np.ascontiguousarray(np.asarray(tensor))
-    safetensors.numpy.save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
-    dtype = str(np.asarray(params["embed"]).dtype)
-    (path / "config.json").write_text(json.dumps(config.to_hf_dict(dtype=dtype), indent=2))
-    return path
+FAMILY = Family(
+    name="llada",
+    kind="diffusion",
+    config_class=LLaDAConfig,
+    presets=PRESETS,
+    architectures=(ARCHITECTURE,),
+    model_types=("llada",),
+    init_params=init_params,
+    forward=forward,
+    unstack_layers=_unstack,
+    tensor_names=tensor_names,
+    head_name=_TOP_NAMES["lm_head"],
+    projections=PROJECTIONS,
+)

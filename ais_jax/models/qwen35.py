@@ -50,13 +50,13 @@ unchanged, so nothing of a pad leaks into later tokens. (transformers zeroes the
 of pads, which leaves a zero state zero; on a left-padded batch from an empty state the two
 agree.) `linear_attention_step` leaves a masked row's conv and recurrent states untouched.
 
-Decoding (`init_cache` / `forward_cached`, which `model.init_cache` / `model.forward_cached`
+Decoding (`init_cache` / `forward_cached`, which `ais_jax.models.init_cache` / `forward_cached`
 and so the sampler reach for a `Qwen35Config`): a `HybridCache` holds the KV cache of the
 full-attention layers and, per linear-attention layer, a `LinearState` (float32 conv and
 recurrent state) instead of a KV cache: a prefill runs the chunked rule from it and keeps the
 state after its last token; a decode step is `linear_attention_step`.
 
-Parameters: a dict like `model.py`'s, whose ``layers`` arrays are stacked per layer kind, in
+Parameters: a dict like `qwen3.py`'s, whose ``layers`` arrays are stacked per layer kind, in
 the Hugging Face ``[out, in]`` layout (L layers, La = full-attention layers, Ll = linear ones):
 
     embed [V, D]   final_norm [D]   lm_head [V, D] (untied only)
@@ -78,6 +78,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -86,21 +87,23 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from ais_jax import checks, quant
-from ais_jax.model import (
-    KVCache,
+from ais_jax import checks
+from ais_jax.models.family import Family, hf_layer_names
+from ais_jax.models.qwen3 import HF_LAYER_NAMES, HF_TOP_NAMES
+from ais_jax.models.qwen3 import PROJECTIONS as QWEN3_PROJECTIONS
+from ais_jax.nn import quant
+from ais_jax.nn.cache import KVCache, cache_layout, write_kv
+from ais_jax.nn.layers import (
     Params,
-    _cache_layout,
-    _mlp,
-    _write_kv,
     attention,
     embed,
     head_logits,
+    mlp,
     positions_from_mask,
     recompute_layer,
     rope,
 )
-from ais_jax.quant import linear
+from ais_jax.nn.quant import linear
 
 F32 = jnp.float32
 LAYER_TYPES = ("linear_attention", "full_attention")
@@ -381,7 +384,7 @@ class Qwen35Config:
         }
 
 
-# Presets by name (`Qwen35Config.preset`; `model_config.preset` resolves them too). Only sizes
+# Presets by name (`Qwen35Config.preset`; `ais_jax.models.preset` resolves them too). Only sizes
 # with a published config: see each constructor's docstring for where its numbers come from.
 PRESETS = {"qwen3.5-9b": "qwen3p5_9b", "qwen3.5-tiny": "tiny"}
 
@@ -508,7 +511,7 @@ def _index(a, i: int):
 
 def unstack_layers(params: Params, config: Qwen35Config) -> Params:
     """``params`` with ``layers`` as a list of L per-layer dicts (each with its kind's arrays);
-    the model takes either form (see `model.unstack_layers`)."""
+    the model takes either form (see `nn.layers.unstack_layers`)."""
     if isinstance(params["layers"], list | tuple):
         return params
     layers = [_layer_params(params, config, i) for i in range(config.num_layers)]
@@ -544,7 +547,7 @@ def _partial_rope(x_BSHE: jax.Array, positions_BS: jax.Array, c: Qwen35Config) -
 
 def _gated_attention(lp, c: Qwen35Config, h_BSD, positions_BS, mask_BS, allowed_BSS, kv=None):
     """Gated attention of S queries; ``kv(k_BSKE, v_BSKE) -> (k_BKXE, v_BKEX)`` gives the X
-    keys/values attended over (default: these S in `model.attention`'s layouts; a decode step
+    keys/values attended over (default: these S in `layers.attention`'s layouts; a decode step
     writes them into its KV cache and returns the cache), ``allowed_BSS`` is then ``[B, S, X]``."""
     B, S, _ = h_BSD.shape
     H, K, E = c.num_heads, c.num_kv_heads, c.head_dim
@@ -554,7 +557,7 @@ def _gated_attention(lp, c: Qwen35Config, h_BSD, positions_BS, mask_BS, allowed_
     v_BSKE = linear(h_BSD, lp["v_proj"], row_mask=mask_BS).reshape(B, S, K, E)
     q_BSHE = _partial_rope(rms_norm(q_BSHE, lp["q_norm"], c.rms_norm_eps), positions_BS, c)
     k_BSKE = _partial_rope(rms_norm(k_BSKE, lp["k_norm"], c.rms_norm_eps), positions_BS, c)
-    k_BKXE, v_BKEX = (kv or _cache_layout)(k_BSKE, v_BSKE)
+    k_BKXE, v_BKEX = (kv or cache_layout)(k_BSKE, v_BSKE)
     out_BSX = attention(q_BSHE, k_BKXE, v_BKEX, allowed_BSS)
     gated = out_BSX * jax.nn.sigmoid(gate_BSHE.reshape(B, S, H * E))
     return linear(gated, lp["o_proj"], row_mask=mask_BS)
@@ -813,10 +816,10 @@ def forward(
     remat: bool = False,
 ) -> jax.Array:
     """Logits ``[B, S, V]`` (float32) of a left-padded batch; ``mask_BS`` marks valid tokens
-    (positions are `model.positions_from_mask`'s). Padded positions give finite values that
+    (positions are `layers.positions_from_mask`'s). Padded positions give finite values that
     no valid position depends on. ``chunk_size`` is the delta rule's Z (any value gives the
     same function). With ``remat`` the backward pass recomputes each layer
-    (`model.recompute_layer`)."""
+    (`layers.recompute_layer`)."""
     c = config
     B, S = tokens_BS.shape
     mask_BS = jnp.ones((B, S), bool) if mask_BS is None else mask_BS.astype(bool)
@@ -832,7 +835,7 @@ def forward(
         else:
             mixed, _ = linear_attention(lp, c, h_BSD, mask_BS, empty, chunk_size=chunk_size)
         x_BSD = x_BSD + mixed
-        return (x_BSD + _mlp(lp, rms_norm(x_BSD, lp["post_norm"], c.rms_norm_eps), mask_BS),)
+        return (x_BSD + mlp(lp, rms_norm(x_BSD, lp["post_norm"], c.rms_norm_eps), mask_BS),)
 
     layers = {kind: functools.partial(layer, kind) for kind in LAYER_TYPES}
     if remat:
@@ -855,8 +858,8 @@ def final_hidden(
     chunk_size: int = 64,
     remat: bool = False,
 ) -> jax.Array:
-    """The final-normed hidden states ``[B, S, D]``: ``forward(...) == model.head_logits(params,
-    final_hidden(...), mask_BS)`` (the split `model.final_hidden` documents); ``remat`` as in
+    """The final-normed hidden states ``[B, S, D]``: ``forward(...) == layers.head_logits(params,
+    final_hidden(...), mask_BS)`` (the split `qwen3.final_hidden` documents); ``remat`` as in
     `forward`."""
     x_BSD = forward(
         params, config, tokens_BS, mask_BS, return_hidden=True, chunk_size=chunk_size, remat=remat
@@ -869,7 +872,7 @@ def final_hidden(
 
 @struct.dataclass
 class HybridCache:
-    """What a Qwen3.5 decode step reads and writes: ``attention``, a `model.KVCache` whose k/v
+    """What a Qwen3.5 decode step reads and writes: ``attention``, a `cache.KVCache` whose k/v
     tuples hold the La full-attention layers (in layer order; its ``valid``, ``next_pos`` and
     ``index`` serve every layer), and ``linear``, one `LinearState` per linear-attention layer
     (Ll of them, float32: the X-1 last conv inputs ``[B, X-1, W]`` and the delta-rule state
@@ -881,7 +884,7 @@ class HybridCache:
 
 
 def init_cache(config: Qwen35Config, batch: int, max_len: int, dtype=jnp.bfloat16) -> HybridCache:
-    """An empty cache (`model.init_cache`'s signature): S = ``max_len`` KV slots per row for
+    """An empty cache (`qwen3.init_cache`'s signature): S = ``max_len`` KV slots per row for
     each attention layer, keys and values in ``dtype``, and zero float32 states (the state
     before any token) for each linear-attention layer."""
     c = config
@@ -909,7 +912,7 @@ def forward_cached(
     last_only: bool = False,
     chunk_size: int = 64,
 ) -> tuple[jax.Array, HybridCache]:
-    """`model.forward_cached` for Qwen3.5: append the Q tokens ``tokens_BQ`` and return their
+    """`qwen3.forward_cached` for Qwen3.5: append the Q tokens ``tokens_BQ`` and return their
     float32 logits ``[B, Q, V]`` (``[B, 1, V]`` with ``last_only``) and the new cache.
 
     Attention layers write their keys/values into the cache's slots and attend over it, as
@@ -938,7 +941,7 @@ def forward_cached(
         if c.layer_types[i] == "full_attention":
 
             def write(k_BQKE, v_BQKE, j=j):
-                k_cache[j], v_cache[j] = _write_kv(k_cache[j], v_cache[j], k_BQKE, v_BQKE, start)
+                k_cache[j], v_cache[j] = write_kv(k_cache[j], v_cache[j], k_BQKE, v_BQKE, start)
                 return k_cache[j], v_cache[j]
 
             mixed = _gated_attention(lp, c, h_BQD, positions_BQ, mask_BQ, allowed_BQS, write)
@@ -952,7 +955,7 @@ def forward_cached(
                 lp, c, h_BQD, mask_BQ, states[j], chunk_size=chunk_size
             )
         x_BQD = x_BQD + mixed
-        x_BQD = x_BQD + _mlp(lp, rms_norm(x_BQD, lp["post_norm"], c.rms_norm_eps), mask_BQ)
+        x_BQD = x_BQD + mlp(lp, rms_norm(x_BQD, lp["post_norm"], c.rms_norm_eps), mask_BQ)
     x_BQD = rms_norm(x_BQD, params["final_norm"], c.rms_norm_eps)
     row_mask_BQ = mask_BQ
     if last_only:
@@ -967,3 +970,83 @@ def forward_cached(
     return head_logits(params, x_BQD, row_mask_BQ), HybridCache(
         attention=new_kv, linear=tuple(states)
     )
+
+
+# ---- the family ---------------------------------------------------------------------------------
+
+# our per-layer name -> Hugging Face suffix: the MLP and norms as Qwen3, then each mixer's own
+HF_LAYER_NAMES_35 = {
+    **{k: v for k, v in HF_LAYER_NAMES.items() if "bias" not in k},
+    "in_proj_qkv": "linear_attn.in_proj_qkv.weight",
+    "in_proj_z": "linear_attn.in_proj_z.weight",
+    "in_proj_b": "linear_attn.in_proj_b.weight",
+    "in_proj_a": "linear_attn.in_proj_a.weight",
+    "conv_weight": "linear_attn.conv1d.weight",  # [W, 1, X] there, [W, X] here
+    "a_log": "linear_attn.A_log",
+    "dt_bias": "linear_attn.dt_bias",
+    "linear_norm": "linear_attn.norm.weight",
+    "out_proj": "linear_attn.out_proj.weight",
+}
+TEXT_PREFIX = "model.language_model."  # the multimodal wrapper's text model
+log = logging.getLogger(__name__)
+
+
+def tensor_names(config: Qwen35Config) -> dict:
+    """Every Hugging Face tensor name of a Qwen3.5 text model -> `family.TensorName`: each
+    kind's tensors on the layers of that kind."""
+
+    def file_shape(name, shape):
+        return (shape[0], 1, shape[1]) if name == "conv_weight" else shape
+
+    return hf_layer_names(
+        HF_TOP_NAMES,
+        HF_LAYER_NAMES_35,
+        param_shapes(config),
+        lambda name: layer_indices(config, name),
+        file_shape=file_shape,
+    )
+
+
+def text_tensors(path, tensors: dict) -> dict:
+    """The text model's tensors under `Qwen3_5ForCausalLM`'s names. A multimodal checkpoint
+    (``model.language_model.*``) is renamed; its vision tower (``model.visual.*``) and the
+    multi-token-prediction head (``mtp.*``) are not part of the text model and are dropped
+    with a log note, as transformers does."""
+    multimodal = any(name.startswith(TEXT_PREFIX) for name in tensors)
+    text, ignored = {}, []
+    for name, tensor in tensors.items():
+        if multimodal and name.startswith(TEXT_PREFIX):
+            text["model." + name[len(TEXT_PREFIX) :]] = tensor
+        elif name.startswith(("model.visual.", "mtp.")):
+            ignored.append(name)
+        else:
+            text[name] = tensor
+    if ignored:
+        groups = sorted({".".join(n.split(".")[:2]) for n in ignored})
+        log.info(
+            "%s: ignoring %d tensor(s) that are not the Qwen3.5 text model (%s).",
+            path,
+            len(ignored),
+            ", ".join(groups),
+        )
+    return text
+
+
+FAMILY = Family(
+    name="qwen35",
+    kind="autoregressive",
+    config_class=Qwen35Config,
+    presets=tuple(PRESETS),
+    architectures=(ARCHITECTURE,),
+    model_types=MODEL_TYPES,
+    init_params=init_params,
+    forward=forward,
+    unstack_layers=unstack_layers,
+    tensor_names=tensor_names,
+    head_name=HF_TOP_NAMES["lm_head"],
+    projections=QWEN3_PROJECTIONS + LINEAR_ATTENTION_WEIGHTS,
+    final_hidden=final_hidden,
+    init_cache=init_cache,
+    forward_cached=forward_cached,
+    file_tensors=text_tensors,
+)

@@ -28,17 +28,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ais_jax import data, evaluation, grpo, heap, train
-from ais_jax import sharding as shd
-from ais_jax.checkpoint import Checkpointer, from_record, to_record
+from ais_jax import grpo, models
+from ais_jax.analysis import evaluation
 from ais_jax.config import TrainConfig
-from ais_jax.hf import HFTokenizer, check_vocab, load_hf
-from ais_jax.model import init_params
-from ais_jax.model_config import ModelConfig, preset
-from ais_jax.paths import safe_path
-from ais_jax.qwen35 import Qwen35Config
-from ais_jax.sampler import Rollout
+from ais_jax.io.checkpoint import Checkpointer, from_record, to_record
+from ais_jax.io.hf import HFTokenizer, check_vocab, load_hf
+from ais_jax.io.paths import safe_path
+from ais_jax.models import Config, Family, init_params
+from ais_jax.parallel import sharding as shd
+from ais_jax.rollout.sampler import Rollout
 from ais_jax.tasks import CharTokenizer, FiniteTask, make_task
+from ais_jax.train import data, heap
+from ais_jax.train import step as train
 
 log = logging.getLogger(__name__)
 EVAL_BATCH = 64
@@ -84,17 +85,29 @@ class Run:
         self.prompts = self._batches(data.prompt_batches, cfg.rollout.prompts_per_step)
         self.checkpointer = Checkpointer(safe_path(self.out, "checkpoints"))
 
-    def _model(self) -> tuple[ModelConfig | Qwen35Config, Any]:
+    def _model(self) -> tuple[Config, Any]:
         spec = self.cfg.model
         if spec.checkpoint is not None:
             # weights first: a missing directory is reported as such, not as a missing tokenizer
             config, params = load_hf(spec.checkpoint, dtype=jnp.float32)
+            family = models.family_of(config).name
+            if spec.family is not None and spec.family != family:
+                raise ValueError(
+                    f"model.family={spec.family!r}, but the checkpoint {spec.checkpoint!r} is a "
+                    f"{family!r} model; set model.family: {family} or leave it out."
+                )
             self.tokenizer = HFTokenizer(spec.checkpoint)
             check_vocab(self.tokenizer, config)
             return config, params
         self.tokenizer = CharTokenizer()
-        config = preset(spec.preset, vocab_size=self.tokenizer.vocab_size, **spec.overrides())
+        overrides = {"vocab_size": self.tokenizer.vocab_size, **spec.overrides()}
+        config = models.preset(spec.preset, spec.family, **overrides)
         return config, init_params(config, jax.random.key(self.cfg.seed))
+
+    @property
+    def family(self) -> Family:
+        """The model's family (`ais_jax.models.FAMILIES`)."""
+        return models.family_of(self.model_config)
 
     def _phases(self) -> train.Phases:
         tok = self.tokenizer

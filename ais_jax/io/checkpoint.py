@@ -52,8 +52,8 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint.checkpoint_managers import preservation_policy as preservation
 
 from ais_jax.config import TrainConfig, check_resume, describe_changes, dump_config, load_config
-from ais_jax.hf import CheckpointError
-from ais_jax.paths import safe_path, write_atomic
+from ais_jax.io.hf import CheckpointError
+from ais_jax.io.paths import safe_path, write_atomic
 
 log = logging.getLogger(__name__)
 

@@ -35,12 +35,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ais_jax import data, diffusion_train, train
-from ais_jax import diffusion_sampler as ds
-from ais_jax import sharding as shd
-from ais_jax.llada import LLaDAConfig, init_params
-from ais_jax.runner import Run, timed
+from ais_jax.models.llada import LLaDAConfig, init_params
+from ais_jax.parallel import sharding as shd
+from ais_jax.rollout import diffusion as ds
 from ais_jax.tasks import CharTokenizer
+from ais_jax.train import data
+from ais_jax.train import diffusion as diffusion_train
+from ais_jax.train import step as train
+from ais_jax.train.run import Run, timed
 
 SFT_STREAM = 2**32 - 2  # the SFT masks' keys: fold_in(key(seed), SFT_STREAM), then the step
 

@@ -1,4 +1,4 @@
-"""The rollout engine: batched sampling with a KV cache, and trainer-side re-scoring.
+"""The autoregressive rollout engine: batched sampling with a KV cache.
 
 `generate` left-pads a batch of prompts, runs one prefill over them, then decodes one token per
 row per step until every row has emitted an end-of-sequence id or `max_new_tokens` is reached:
@@ -9,8 +9,8 @@ recompile. The params may be the BF16 trainer tree or its quantized rollout copy
 once per weight sync (the loop's weight layout). Tokens are drawn with a two-level Gumbel-max
 (`_draw`): exactly softmax(filtered logits), with noise for N + C values per row, not V.
 
-The model is Qwen3/Qwen2 (`model.py`) or Qwen3.5 (`qwen35.py`): `model.forward_cached` and
-`model.init_cache` dispatch on the config's type, and a Qwen3.5 cache carries, next to the KV
+The model is any autoregressive family (`ais_jax.models`): `models.forward_cached` and
+`models.init_cache` reach the config's family, and a Qwen3.5 cache carries, next to the KV
 cache of its attention layers, each linear-attention layer's conv and float32 recurrent state
 (`qwen35.HybridCache`): the prefill leaves them after the prompt (chunked delta rule), each
 decode step advances them by one token, and padding and finished rows leave them untouched.
@@ -34,7 +34,7 @@ distribution: every layout holds the same numbers (a dot may sum them in another
   and of cuBLAS / TPU matmuls). The default on GPU and TPU, and on CPU for 16-bit and FP8
   models (XLA:CPU's bfloat16 ``(w @ x^T)^T`` is much slower than its ``x @ w^T``).
 - ``"out_in_columns_fused"``, ``"out_in_fused"``: either, with every Qwen3/Qwen2 layer's
-  q/k/v and gate/up weights held as one weight each (`model.fuse_projections`, a copy made
+  q/k/v and gate/up weights held as one weight each (`qwen3.fuse_projections`, a copy made
   before the loop): two matmuls per layer where there were five, with the same products.
   Never the default: on CPU they helped large-batch FP8 rollouts, left bf16 and float32 ones
   about even and slowed small batches (docs/benchmarks.md); on a GPU, where a decode
@@ -65,10 +65,10 @@ sampler actually used (as an inference engine returns them):
 - ``logp_plain``: ``log_softmax(logits / temperature)`` over the full vocabulary, unfiltered.
 
 The rollout-vs-trainer ratio rho_rt = exp(logp_train - logp_rollout) must use **logp_plain**:
-`token_logprobs` computes the trainer side as the same temperature-scaled, unfiltered
-log-softmax, so the ratio then measures only the FP8-vs-BF16 difference. Using the filtered
-``logp`` would add log(kept probability mass) to every token's log-ratio, a "mismatch" that is
-really the top-p/top-k renormalisation (a known source of false mismatch in RL frameworks).
+`train.logprobs.token_logprobs` computes the trainer side as the same temperature-scaled,
+unfiltered log-softmax, so the ratio then measures only the FP8-vs-BF16 difference. Using the
+filtered ``logp`` would add log(kept probability mass) to every token's log-ratio, a "mismatch"
+that is really the top-p/top-k renormalisation (a known source of false mismatch in RL frameworks).
 With the default full-vocabulary sampling (top_k=None, top_p=None) the two are identical.
 """
 
@@ -84,25 +84,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from ais_jax.model import (
-    GATE_UP_PROJ,
-    QKV_PROJ,
-    KVCache,
-    Params,
-    check_prompt_group,
-    final_hidden,
-    forward,
-    forward_cached,
-    fuse_projections,
-    head_logits,
-    init_cache,
-    response_hidden,
-    rows_per_prompt,
-    unstack_layers,
-)
-from ais_jax.model_config import ModelConfig
-from ais_jax.quant import PROJECTIONS, Columns, QArray, step_operands, widen_codes
-from ais_jax.qwen35 import Qwen35Config
+from ais_jax import models
+from ais_jax.models import Config
+from ais_jax.models.qwen3 import QKV_PROJ
+from ais_jax.nn.cache import KVCache
+from ais_jax.nn.layers import GATE_UP_PROJ, Params, check_prompt_group
+from ais_jax.nn.quant import PROJECTIONS, Columns, QArray, step_operands, widen_codes
 
 # The matmul weights `decode_params` lays out: a layer's own and `fuse_projections`' fused ones.
 _MATMUL_WEIGHTS = (*PROJECTIONS, QKV_PROJ, GATE_UP_PROJ)
@@ -279,7 +266,7 @@ class DecodeLayout:
     ``[out, in]`` arrays themselves, marked), whose float32 products over few rows run as
     ``(w @ x^T)^T``; otherwise plain ``[out, in]`` arrays. Quantized weights keep the ``[out,
     in]`` layout of the FP8 GEMM under either. ``fused``: each layer's q/k/v and gate/up
-    weights held as one each (`model.fuse_projections`). Hashable: `generate` compiles one
+    weights held as one each (`qwen3.fuse_projections`). Hashable: `generate` compiles one
     program per layout.
     """
 
@@ -343,18 +330,18 @@ def compiler_options(backend: str | None = None) -> dict[str, str]:
 def decode_params(
     params: Params,
     layout: str | DecodeLayout = "auto",
-    config: ModelConfig | Qwen35Config | None = None,
+    config: Config | None = None,
 ) -> Params:
     """The params as the decode loop reads them under ``layout``: layers unstacked
-    (`model.unstack_layers`; a Qwen3.5 tree, stacked per layer kind, needs its ``config``) so
+    (`models.unstack_layers`; a Qwen3.5 tree, stacked per layer kind, needs its ``config``) so
     no step slices the stacked arrays again, and with ``columns`` every unquantized matmul
     weight (and the LM head, the embedding table itself when tied) marked `quant.Columns`;
     without it, `Columns` weights are plain arrays again. Quantized weights keep their ``[out,
     in]`` layout; on CPU their codes are held as bfloat16 (`quant.widen_codes`: the same
     numbers in a copy of 2 bytes per weight, made here once rather than converted at every
     step). A ``fused`` layout holds each Qwen3/Qwen2 layer's q/k/v and gate/up weights as one
-    (`model.fuse_projections`, a copy; it needs ``config``), and fused layers stay fused under
-    any layout (the model reads both forms). No other plain weight is copied.
+    (the family's `Family.fuse_projections`, a copy; it needs ``config``), and fused layers
+    stay fused under any layout (the model reads both forms). No other plain weight is copied.
 
     `generate` applies it to whatever it is given (inside its jit, before the loop); applied
     twice with one layout it changes nothing. Calling it yourself once per weight sync, as
@@ -362,7 +349,7 @@ def decode_params(
     """
     layout = resolve_layout(layout, params["embed"].dtype)
     columns = layout.columns
-    params = unstack_layers(params, config)
+    params = models.unstack_layers(params, config)
     layers = [
         {name: _relayout(w, columns) if name in _MATMUL_WEIGHTS else w for name, w in layer.items()}
         for layer in params["layers"]
@@ -370,8 +357,9 @@ def decode_params(
     apart = any("q_proj" in layer or "gate_proj" in layer for layer in layers)
     if layout.fused and config is None and apart:
         raise ValueError(f"decode layout {layout.name!r} fuses projections: pass the config.")
-    if layout.fused and isinstance(config, ModelConfig):  # Qwen3.5 keeps its projections apart
-        layers = [fuse_projections(layer, config) for layer in layers]
+    fuse = None if config is None else models.family_of(config).fuse_projections
+    if layout.fused and fuse is not None:  # a family without it (Qwen3.5) keeps them apart
+        layers = [fuse(layer, config) for layer in layers]
     params = {**params, "layers": layers}
     if columns or "lm_head" in params:
         params["lm_head"] = _relayout(params.get("lm_head", params["embed"]), columns)
@@ -434,8 +422,8 @@ def _generate(
     params = decode_params(params, layout, config)  # `generate` passes the layout resolved
     dtype = params["embed"].dtype
     # the prefill: each distinct prompt once (the first row of its group), then every row's copy
-    cache = init_cache(config, B // G, P + T, dtype)
-    logits_B1V, cache = forward_cached(
+    cache = models.init_cache(config, B // G, P + T, dtype)
+    logits_B1V, cache = models.forward_cached(
         params, config, prompt_BP[::G], cache, prompt_mask_BP[::G], last_only=True
     )
     if G > 1:  # every cache array but the slot index has rows first
@@ -469,7 +457,7 @@ def _generate(
 
     def decode_step(state: DecodeState) -> DecodeState:
         """One token per row: a forward of the last tokens (done rows masked) over the cache."""
-        logits_B1V, cache = forward_cached(
+        logits_B1V, cache = models.forward_cached(
             step_params, config, state.last_B[:, None], state.cache, ~state.done_B[:, None]
         )
         return emit(state.replace(cache=cache), logits_B1V[:, 0])
@@ -516,7 +504,7 @@ def _jit_with(options: tuple[tuple[str, str], ...]) -> Callable:
 
 def generate(
     params: Params,
-    config: ModelConfig | Qwen35Config,
+    config: Config,
     prompts,
     key: jax.Array,
     *,
@@ -617,126 +605,3 @@ def _check_sampling(temperature, top_k, top_p, vocab_size):
         raise ValueError(f"top_k must be in [1, vocab_size={vocab_size}] or None, got {top_k!r}.")
     if top_p is not None and isinstance(top_p, numbers.Real) and not 0 < top_p <= 1:
         raise ValueError(f"top_p must be in (0, 1] or None, got {top_p!r}.")
-
-
-# ---- trainer-side scoring ---------------------------------------------------------------------
-
-
-# Logits one chunk of `token_logprobs` may hold: B x C x V float32 values (64 MiB). The small
-# benchmark model's update (B 128, V 32k) then takes C = 4 response positions at a time.
-LOGITS_CHUNK = 1 << 24
-
-
-def token_logprobs(
-    params: Params,
-    config: ModelConfig | Qwen35Config,
-    prompt_tokens_NP,
-    prompt_mask_NP,
-    tokens_BT,
-    mask_BT,
-    *,
-    temperature: float | jax.Array = 1.0,
-    return_entropy: bool = False,
-    chunk_logits: int = LOGITS_CHUNK,
-    remat: bool = False,
-):
-    """Log-probs ``[B, T]`` (float32) of given response tokens under a full-sequence forward.
-
-    This is logp_train of docs/design.md: ``log_softmax(logits / temperature)`` over the full
-    vocabulary, 0 where ``mask_BT`` is 0. With ``return_entropy`` also the per-token entropy
-    ``-sum_v p_v log p_v`` of that distribution. Jit it (or the function that calls it)
-    yourself.
-
-    The prompts are one per row (N = B) or one per group of G = B / N > 1 consecutive rows
-    (the G responses GRPO samples for each prompt): a Qwen3 model with unquantized weights
-    then runs each prompt once and broadcasts its keys/values to its group
-    (`model.response_hidden`), with the values of running every row's ``[prompt, response]``
-    through the model (float32: to rounding; bfloat16: to bfloat16 rounding). Other models
-    (Qwen3.5, quantized weights: their activation scales span the whole sequence) run the
-    rows in full, with each prompt repeated for its group; so do one-prompt-per-row calls
-    (see `model.response_hidden` for why).
-
-    The LM head runs on the T response positions only, C at a time (the fused
-    linear-cross-entropy idea): for each chunk ``logits_BCV = head(hidden_BCD)``, its
-    log-softmax, the chosen token's log-prob and the entropy, under `jax.checkpoint`, so
-    neither the forward nor the backward ever holds more than one chunk's ``[B, C, V]``
-    float32 logits (the backward recomputes them from the saved ``hidden_BCD``). C is the
-    largest count with ``B * C * V <= chunk_logits`` (at least 1); T is padded up to a
-    multiple of C. The values are those of ``log_softmax(forward(...))``: each position's
-    logits are the same dot. A quantized LM head (`QArray`) takes one dynamic activation
-    scale over every valid position of the sequence, so it keeps the unchunked path.
-
-    ``remat``: under a gradient, each decoder layer's activations are recomputed in the
-    backward pass instead of kept (`model.recompute_layer`).
-    """
-    N, P = prompt_tokens_NP.shape
-    B, T = tokens_BT.shape
-    G = rows_per_prompt(N, B)
-    if G > 1 and _shares_prompts(params, config):
-        hidden_BTD = response_hidden(
-            params, config, prompt_tokens_NP, prompt_mask_NP, tokens_BT, mask_BT, remat=remat
-        )
-        logp_BT, entropy_BT = _chunked_logp_entropy(
-            params, hidden_BTD, tokens_BT, temperature, chunk_logits
-        )
-    else:
-        prompt_tokens_BP, prompt_mask_BP = (
-            jnp.repeat(a, G, axis=0) for a in (prompt_tokens_NP, prompt_mask_NP)
-        )
-        seq_BS = jnp.concatenate([prompt_tokens_BP, tokens_BT], axis=1)
-        seq_mask_BS = jnp.concatenate([prompt_mask_BP, mask_BT], axis=1).astype(bool)
-        if isinstance(params.get("lm_head", params["embed"]), QArray):
-            logits_BSV = forward(params, config, seq_BS, seq_mask_BS, remat=remat)
-            # the logits at position s predict the token at s + 1
-            logits_BTV = jax.lax.dynamic_slice_in_dim(logits_BSV, P - 1, T, axis=1)
-            logp_BT, entropy_BT = _logp_entropy(logits_BTV, tokens_BT, temperature)
-        else:
-            hidden_BSD = final_hidden(params, config, seq_BS, seq_mask_BS, remat=remat)
-            hidden_BTD = jax.lax.dynamic_slice_in_dim(hidden_BSD, P - 1, T, axis=1)
-            logp_BT, entropy_BT = _chunked_logp_entropy(
-                params, hidden_BTD, tokens_BT, temperature, chunk_logits
-            )
-    logp_BT = jnp.where(mask_BT, logp_BT, 0.0)
-    if not return_entropy:
-        return logp_BT
-    return logp_BT, jnp.where(mask_BT, entropy_BT, 0.0)
-
-
-def _shares_prompts(params: Params, config: ModelConfig | Qwen35Config) -> bool:
-    """Whether `token_logprobs` runs each prompt once (`model.response_hidden`): Qwen3 with
-    no quantized weight (a quantized linear's activation scale spans the whole sequence)."""
-    is_q = lambda x: isinstance(x, QArray)  # noqa: E731
-    quantized = any(is_q(leaf) for leaf in jax.tree_util.tree_leaves(params, is_leaf=is_q))
-    return not quantized and not isinstance(config, Qwen35Config)
-
-
-def _logp_entropy(logits_BTV, tokens_BT, temperature):
-    """The chosen tokens' log-probs and the entropies ``[B, T]`` of ``softmax(logits / temp)``."""
-    logp_BTV = jax.nn.log_softmax(logits_BTV.astype(jnp.float32) / temperature, axis=-1)
-    logp_BT = jnp.take_along_axis(logp_BTV, tokens_BT[..., None], axis=-1)[..., 0]
-    return logp_BT, -jnp.sum(jnp.exp(logp_BTV) * logp_BTV, axis=-1)
-
-
-def _chunked_logp_entropy(params, hidden_BTD, tokens_BT, temperature, chunk_logits):
-    """`_logp_entropy` of ``head_logits(params, hidden_BTD)``, C positions at a time."""
-    B, T, D = hidden_BTD.shape
-    V = params.get("lm_head", params["embed"]).shape[0]
-    if chunk_logits < 1:
-        raise ValueError(f"chunk_logits={chunk_logits}: must be a positive number of logits")
-    C = max(1, min(T, chunk_logits // (B * V)))
-    N = -(-T // C)
-    pad = N * C - T
-    hidden_NBCD = jnp.pad(hidden_BTD, ((0, 0), (0, pad), (0, 0)))
-    hidden_NBCD = hidden_NBCD.reshape(B, N, C, D).transpose(1, 0, 2, 3)
-    tokens_NBC = jnp.pad(tokens_BT, ((0, 0), (0, pad))).reshape(B, N, C).transpose(1, 0, 2)
-
-    @jax.checkpoint
-    def chunk(args):
-        hidden_BCD, tokens_BC = args
-        return _logp_entropy(head_logits(params, hidden_BCD), tokens_BC, temperature)
-
-    if N == 1:  # one chunk: no loop (and nothing to recompute: its logits are the only ones)
-        return _logp_entropy(head_logits(params, hidden_BTD), tokens_BT, temperature)
-    logp_NBC, entropy_NBC = jax.lax.map(chunk, (hidden_NBCD, tokens_NBC))
-    unchunk = lambda x_NBC: x_NBC.transpose(1, 0, 2).reshape(B, N * C)[:, :T]  # noqa: E731
-    return unchunk(logp_NBC), unchunk(entropy_NBC)

@@ -14,7 +14,7 @@ On-policy (`on_policy`: one epoch of one minibatch) the score phase is skipped: 
 own forward runs on the pre-update params, so ``logp_old = stop_gradient(logp_new)`` there is
 the score's value at no extra forward (``Batch.logp_old = None`` asks for it), and the update
 logs the entropy the score would have (``policy/entropy``). The LM head and log-softmax of both
-run a few response positions at a time (`sampler.token_logprobs`): no phase holds ``[B, T, V]``
+run a few response positions at a time (`logprobs.token_logprobs`): no phase holds ``[B, T, V]``
 float32 logits, or their gradient, at once.
 
 plus, before RL, the supervised warm start (`sft_step`). Precision policy: master params and
@@ -32,9 +32,9 @@ settings (the arms and seeds of a comparison, a resumed run) gets the very same 
 and compiles nothing again, and a phase a setting does not touch is shared across it (scoring
 across corrections, the BF16 evaluation policy across rollout formats).
 
-The model is Qwen3/Qwen2 (`ModelConfig`) or Qwen3.5 (`qwen35.Qwen35Config`): every phase
-reaches it through `model.py`'s entry points (`param_shapes`, `forward`/`final_hidden` inside
-`sampler.token_logprobs`, `init_cache`/`forward_cached` inside `sampler.generate`), which
+The model is any autoregressive family (`ais_jax.models`): every phase
+reaches it through `ais_jax.models`' entry points (`param_shapes`, `forward`/`final_hidden` inside
+`logprobs.token_logprobs`, `init_cache`/`forward_cached` inside `sampler.generate`), which
 dispatch on the config's type, and the FP8 sync quantizes both families' projections
 (`quant.PROJECTIONS`).
 
@@ -53,8 +53,7 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from ais_jax import ais, grpo, sampler
-from ais_jax import sharding as shd
+from ais_jax import ais, grpo
 from ais_jax.config import (
     CorrectionConfig,
     LossConfig,
@@ -63,10 +62,12 @@ from ais_jax.config import (
     SFTConfig,
     TrainConfig,
 )
-from ais_jax.model import Params, cast_params, check_prompt_group, param_shapes
-from ais_jax.model_config import ModelConfig
-from ais_jax.quant import quantize_params
-from ais_jax.qwen35 import Qwen35Config
+from ais_jax.models import Config, param_shapes
+from ais_jax.nn.layers import Params, cast_params, check_prompt_group
+from ais_jax.nn.quant import quantize_params
+from ais_jax.parallel import sharding as shd
+from ais_jax.rollout import sampler
+from ais_jax.train import logprobs
 
 # The trainer's compute dtype. The phases read it when they are built (it is part of their
 # memo key), so a test may set it to float32 to compare sharded with unsharded math exactly.
@@ -97,7 +98,7 @@ class Batch:
     logp_ref: jax.Array | None = None  # [B, T] float32, frozen reference (kl_coef > 0)
     # The rows come in groups of this many consecutive rows with the same prompt (`Run`'s
     # batches: group_size). An on-policy update then runs each prompt once
-    # (`sampler.token_logprobs`); 1 claims nothing.
+    # (`logprobs.token_logprobs`); 1 claims nothing.
     prompt_group: int = struct.field(pytree_node=False, default=1)
 
 
@@ -183,7 +184,7 @@ def sync_rollout_params(params: Params, cfg: RolloutConfig, *, dtype=None) -> Pa
 
 def score(
     params: Params,
-    config: ModelConfig | Qwen35Config,
+    config: Config,
     prompt_tokens,
     prompt_mask,
     tokens,
@@ -194,7 +195,7 @@ def score(
 ):
     """logp_train ``[B, T]`` (trainer in its compute dtype, float32 log-softmax) and the entropy
     of the sampled tokens' distributions ``[B, T]``."""
-    return sampler.token_logprobs(
+    return logprobs.token_logprobs(
         cast_params(params, dtype or COMPUTE_DTYPE),
         config,
         prompt_tokens,
@@ -279,7 +280,7 @@ def update(
     batch: Batch,
     key: jax.Array,
     *,
-    config: ModelConfig | Qwen35Config,
+    config: Config,
     optimizer: optax.GradientTransformation,
     optim: OptimConfig,
     loss_cfg: LossConfig,
@@ -318,7 +319,7 @@ def update(
         idx_UM, G = minibatch_order(key, B, optim.ppo_epochs, optim.minibatches), 1
 
     def loss_fn(params, mb: Batch):
-        scored = sampler.token_logprobs(
+        scored = logprobs.token_logprobs(
             cast_params(params, dtype),
             config,
             mb.prompt_tokens[::G],  # one prompt per group of G rows
@@ -366,14 +367,14 @@ def sft_step(
     tokens,
     mask,
     *,
-    config: ModelConfig | Qwen35Config,
+    config: Config,
     optimizer: optax.GradientTransformation,
     dtype=None,
 ):
     """One supervised step on prompt + demonstration: mean token cross-entropy of the response."""
 
     def loss_fn(p):
-        logp = sampler.token_logprobs(
+        logp = logprobs.token_logprobs(
             cast_params(p, dtype or COMPUTE_DTYPE), config, prompt_tokens, prompt_mask, tokens, mask
         )
         return -jnp.sum(logp) / jnp.maximum(jnp.sum(mask), 1)
@@ -424,7 +425,7 @@ class Phases:
 def make_phases(
     mesh: jax.sharding.Mesh,
     cfg: TrainConfig,
-    config: ModelConfig | Qwen35Config,
+    config: Config,
     *,
     eos_ids: tuple[int, ...] = (),
     pad_id: int = 0,
@@ -468,12 +469,12 @@ def rollout_weights(r: RolloutConfig) -> RolloutConfig:
     return RolloutConfig(format=r.format, act_scaling=r.act_scaling, fp8_lm_head=r.fp8_lm_head)
 
 
-def _master(config: ModelConfig | Qwen35Config) -> Params:
+def _master(config: Config) -> Params:
     return param_shapes(config, jnp.float32)
 
 
 @functools.lru_cache(maxsize=PHASE_MEMO)
-def _rollout_copy(config: ModelConfig | Qwen35Config, rollout: RolloutConfig, dtype) -> Params:
+def _rollout_copy(config: Config, rollout: RolloutConfig, dtype) -> Params:
     """The shapes and dtypes of `sync_rollout_params`'s copy (one trace per copy: `make_phases`
     and the sync and generate phases all read it; callers must not mutate it)."""
     return jax.eval_shape(
@@ -482,9 +483,7 @@ def _rollout_copy(config: ModelConfig | Qwen35Config, rollout: RolloutConfig, dt
 
 
 @functools.lru_cache(maxsize=PHASE_MEMO)
-def _init_phase(
-    mesh, config: ModelConfig | Qwen35Config, optim: OptimConfig, steps: int
-) -> Callable:
+def _init_phase(mesh, config: Config, optim: OptimConfig, steps: int) -> Callable:
     init = functools.partial(init_state, optimizer=make_optimizer(optim, steps))
     shardings = shd.param_shardings(jax.eval_shape(init, _master(config)), mesh, shd.TRAIN)
     jitted = jax.jit(init, out_shardings=shardings)
@@ -496,9 +495,7 @@ def _init_phase(
 
 
 @functools.lru_cache(maxsize=PHASE_MEMO)
-def _sync_phase(
-    mesh, config: ModelConfig | Qwen35Config, rollout: RolloutConfig, dtype
-) -> Callable:
+def _sync_phase(mesh, config: Config, rollout: RolloutConfig, dtype) -> Callable:
     """Quantize (or cast) in the training layout, then let ``out_shardings`` gather the copy
     into the rollout layout (1-byte codes travel, not float32 weights), on device."""
     sync = functools.partial(sync_rollout_params, cfg=rollout, dtype=dtype)
@@ -518,7 +515,7 @@ def _sync_phase(
 @functools.lru_cache(maxsize=PHASE_MEMO)
 def _generate_phase(
     mesh,
-    config: ModelConfig | Qwen35Config,
+    config: Config,
     rollout: RolloutConfig,
     dtype,
     *,
@@ -562,7 +559,7 @@ def _generate_phase(
 
 
 @functools.lru_cache(maxsize=PHASE_MEMO)
-def _score_phase(mesh, config: ModelConfig | Qwen35Config, dtype) -> Callable:
+def _score_phase(mesh, config: Config, dtype) -> Callable:
     def score_fn(params, prompt_tokens, prompt_mask, tokens, mask, temperature, prompt_group=1):
         G = check_prompt_group(prompt_group, tokens.shape[0])  # one prompt per group of G rows
         prompts = (prompt_tokens[::G], prompt_mask[::G])
@@ -581,7 +578,7 @@ def _score_phase(mesh, config: ModelConfig | Qwen35Config, dtype) -> Callable:
 @functools.lru_cache(maxsize=PHASE_MEMO)
 def _update_phase(
     mesh,
-    config: ModelConfig | Qwen35Config,
+    config: Config,
     optim: OptimConfig,
     steps: int,
     loss_cfg: LossConfig,
@@ -611,7 +608,7 @@ def _update_phase(
 
 
 @functools.lru_cache(maxsize=PHASE_MEMO)
-def _sft_init_phase(mesh, config: ModelConfig | Qwen35Config, sft: SFTConfig) -> Callable:
+def _sft_init_phase(mesh, config: Config, sft: SFTConfig) -> Callable:
     init = make_sft_optimizer(sft).init
     shardings = shd.param_shardings(jax.eval_shape(init, _master(config)), mesh, shd.TRAIN)
     master = shd.param_shardings(_master(config), mesh, shd.TRAIN)
@@ -619,7 +616,7 @@ def _sft_init_phase(mesh, config: ModelConfig | Qwen35Config, sft: SFTConfig) ->
 
 
 @functools.lru_cache(maxsize=PHASE_MEMO)
-def _sft_step_phase(mesh, config: ModelConfig | Qwen35Config, sft: SFTConfig, dtype) -> Callable:
+def _sft_step_phase(mesh, config: Config, sft: SFTConfig, dtype) -> Callable:
     optimizer = make_sft_optimizer(sft)
     step = functools.partial(sft_step, config=config, optimizer=optimizer, dtype=dtype)
     master = shd.param_shardings(_master(config), mesh, shd.TRAIN)

@@ -28,7 +28,7 @@ Design, so that arm differences are differences of the RL phase and nothing else
 - Arms run in one process, so the jitted phases compiled for one arm serve every arm and seed
   with the same settings.
 
-Statistics (`ais_jax.stats`): per arm, the mean over seeds with a 95% t-interval; per arm
+Statistics (`ais_jax.analysis.stats`): per arm, the mean over seeds with a 95% t-interval; per arm
 against the reference arm (the first listed: bf16 by default), the paired difference over seeds
 with a 95% t-interval, for the final greedy and sampled accuracy and the greedy-accuracy area
 under the curve over training (`stats.area_under_curve`, the time-averaged accuracy).
@@ -61,7 +61,8 @@ from typing import Any
 
 import numpy as np
 
-from ais_jax import stats
+from ais_jax.analysis import stats
+from ais_jax.analysis.plots import plot_arm_curves, read_metrics
 from ais_jax.config import (
     LEVEL_METHODS,
     TrainConfig,
@@ -70,8 +71,7 @@ from ais_jax.config import (
     dump_config,
     load_config,
 )
-from ais_jax.paths import safe_path, strict_json
-from ais_jax.plots import plot_arm_curves, read_metrics
+from ais_jax.io.paths import safe_path, strict_json
 
 __all__ = [
     "DEFAULT_ARMS",
@@ -257,9 +257,9 @@ def start_from_checkpoint(cfg: TrainConfig, spec: str) -> tuple[dict, dict[str, 
     ``cfg.model``."""
     import jax
 
-    from ais_jax.checkpoint import UnreadableCheckpoint, steps_words
-    from ais_jax.hf import CheckpointError
-    from ais_jax.job import make_run
+    from ais_jax.io.checkpoint import UnreadableCheckpoint, steps_words
+    from ais_jax.io.hf import CheckpointError
+    from ais_jax.train.job import make_run
 
     run_dir, step = parse_start(spec)
     if not (run_dir / "config.yaml").is_file():
@@ -290,7 +290,7 @@ def _sft_params(cfg: TrainConfig, seed: int, show_progress: bool) -> tuple[Any, 
     import jax
     from tqdm import tqdm
 
-    from ais_jax.job import make_run
+    from ais_jax.train.job import make_run
 
     with tempfile.TemporaryDirectory() as tmp:  # Run wants a directory; SFT writes nothing
         run = make_run(dataclasses.replace(cfg, seed=seed), tmp)
@@ -397,8 +397,8 @@ def run_comparison(
     ``start``: ``"RUN_DIR[@STEP]"``, start from that training run's checkpoint instead of SFT.
     One log line per finished run (arm, seed, start -> final greedy accuracy, time).
     """
-    from ais_jax.checkpoint import UnreadableCheckpoint
-    from ais_jax.job import run_training
+    from ais_jax.io.checkpoint import UnreadableCheckpoint
+    from ais_jax.train.job import run_training
 
     if seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {seeds}.")
@@ -537,7 +537,7 @@ def _run_record(run_dir: Path, seed: int) -> dict[str, Any]:
 
 
 def _collect(cfg, out: Path, arms: list[Arm], seeds: list[int], start_info: dict) -> dict:
-    from ais_jax.provenance import provenance
+    from ais_jax.io.provenance import provenance
 
     runs = {
         a.name: [_run_record(safe_path(out, a.dirname, f"seed{s}"), s) for s in seeds] for a in arms

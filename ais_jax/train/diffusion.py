@@ -45,12 +45,14 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from ais_jax import diffusion_sampler as ds
-from ais_jax import grpo, llada, train
-from ais_jax import sharding as shd
+from ais_jax import grpo
 from ais_jax.config import RolloutConfig
-from ais_jax.llada import LLaDAConfig
-from ais_jax.model import Params, cast_params
+from ais_jax.models import llada
+from ais_jax.models.llada import LLaDAConfig
+from ais_jax.nn.layers import Params, cast_params
+from ais_jax.parallel import sharding as shd
+from ais_jax.rollout import diffusion as ds
+from ais_jax.train import step as train
 
 F32 = jnp.float32
 BATCH_KEYS = ("prompt_tokens", "prompt_mask", "tokens", "mask")

@@ -1,0 +1,1 @@
+"""The command line (`ais-jax`, `main`) and the memory planner (`plan`)."""

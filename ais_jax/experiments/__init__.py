@@ -1,0 +1,1 @@
+"""Experiments over many runs: `compare` (arms x seeds, paired statistics)."""

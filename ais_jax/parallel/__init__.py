@@ -1,0 +1,1 @@
+"""The device mesh and the sharding rules (`sharding`). A leaf."""
