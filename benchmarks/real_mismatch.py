@@ -64,10 +64,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ais_jax import models as M
 from ais_jax.ais import mismatch_metrics
 from ais_jax.config import RolloutConfig
 from ais_jax.io.provenance import cpu_model, git_commit
+from ais_jax.nn import layers as M
 from ais_jax.nn.quant import LINEAR_WEIGHTS, QArray, linear, quantize_weight
 from ais_jax.rollout.sampler import generate
 from ais_jax.train.data import encode_prompts

@@ -56,7 +56,7 @@ if os.environ.get("HELD_READS"):
 
     serialization._read_shard = held
 
-from ais_jax.cli import main
+from ais_jax.cli.main import main
 
 statuses = {main(sys.argv[1:]) for _ in range(int(os.environ.get("REPEAT", "1")))}
 sys.exit(statuses.pop() if len(statuses) == 1 else 99)

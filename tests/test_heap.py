@@ -28,7 +28,7 @@ pytestmark = pytest.mark.skipif(
 FAULTS_PER_CALL = """
 import json, resource, statistics, sys
 import jax, jax.numpy as jnp
-from ais_jax import heap
+from ais_jax.train import heap
 
 if sys.argv[1] == "reuse":
     assert heap.reuse_freed_memory()

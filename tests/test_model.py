@@ -339,8 +339,8 @@ def test_bf16_embedding_gradient_sums_a_tokens_rows_in_float32():
 def _plain_autodiff(monkeypatch):
     """The model with attention and the MLP activation under plain autodiff (no
     `layers.recompute_in_backward`)."""
-    monkeypatch.setattr(model, "recompute_in_backward", lambda fn: fn)
-    monkeypatch.setattr(model, "swiglu", lambda gate, up: jax.nn.silu(gate) * up)
+    monkeypatch.setattr(layers, "recompute_in_backward", lambda fn: fn)
+    monkeypatch.setattr(layers, "swiglu", lambda gate, up: jax.nn.silu(gate) * up)
 
 
 def _scored_groups(vocab: int, N: int, G: int, P: int = 9, T: int = 24):

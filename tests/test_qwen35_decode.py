@@ -24,7 +24,7 @@ from test_qwen35 import FULL, LIN, assert_close, left_padded, random_params
 
 from ais_jax import models as model
 from ais_jax.models import qwen35
-from ais_jax.nn import quant
+from ais_jax.nn import layers, quant
 from ais_jax.nn.layers import cast_params
 from ais_jax.nn.quant import QArray
 from ais_jax.rollout import sampler
@@ -207,7 +207,7 @@ def test_fp8_rollout_quantizes_every_projection(params, monkeypatch):
         calls.append(isinstance(w, QArray))
         return linear(x, w, **kwargs)
 
-    for module in (qwen35, model):  # the MLP is qwen3.py's
+    for module in (qwen35, layers):  # the MLP is nn/layers.py's
         monkeypatch.setattr(module, "linear", recording)
     cache = model.init_cache(CONFIG, 2, 4, jnp.bfloat16)
     step = lambda t, c: model.forward_cached(q, CONFIG, t, c)  # noqa: E731

@@ -13,13 +13,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ais_jax import models as M
+from ais_jax import models
 from ais_jax.models.qwen3 import ModelConfig
+from ais_jax.nn import layers as M
 from ais_jax.nn.quant import quantize_params
 
 pytestmark = pytest.mark.slow  # ~30 s: the script's generation, scoring and layer loop compile
 
-FORWARD = jax.jit(M.forward, static_argnums=1, static_argnames="return_hidden")
+FORWARD = jax.jit(models.forward, static_argnums=1, static_argnames="return_hidden")
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "real_mismatch.py"
 
 
@@ -45,7 +46,7 @@ def tiny():
         attention_bias=False,
         max_position_embeddings=128,
     )
-    params = M.init_params(config, jax.random.key(1), jnp.float32)
+    params = models.init_params(config, jax.random.key(1), jnp.float32)
     # twice the 0.02 init (more peaked distributions), every value a bfloat16 one: the FP8
     # rollout copy's embedding and norms (bfloat16) are then the float32 model's own
     params = jax.tree.map(

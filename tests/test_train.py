@@ -759,7 +759,7 @@ def _modules(node, importer: str) -> list[str]:
 _KILLABLE = textwrap.dedent("""
     import functools, sys, time
     import ais_jax.train.job as job
-    from ais_jax.cli import main
+    from ais_jax.cli.main import main
 
     stop = int(sys.argv[1])
 
