@@ -517,7 +517,7 @@ def test_ais_jax_sample_runs_a_qwen35_checkpoint(checkpoint, tmp_path, capsys):
 
     from conftest import write_tokenizer
 
-    from ais_jax.cli.main import main as cli
+    from ais_jax.cli import main as cli
 
     path = shutil.copytree(checkpoint("full-lin-lin-tied-mqa-k3-rot0.5"), tmp_path / "ckpt")
     config, _ = load_hf(path, dtype=jnp.float32)
