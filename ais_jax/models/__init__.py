@@ -31,6 +31,7 @@ from ais_jax.models.family import KINDS, Family, TensorName
 from ais_jax.models.llada import LLaDAConfig
 from ais_jax.models.qwen3 import ModelConfig
 from ais_jax.models.qwen35 import Qwen35Config
+from ais_jax.nn import layers
 from ais_jax.nn.layers import Params
 
 __all__ = [
@@ -135,9 +136,7 @@ def unstack_layers(params: Params, config: Config | None = None) -> Params:
     """``params`` with ``layers`` a per-layer list (`nn.layers.unstack_layers`); a family that
     stacks per layer kind (Qwen3.5) needs its ``config``."""
     if config is None:
-        from ais_jax.nn.layers import unstack_layers as unstack
-
-        return unstack(params)
+        return layers.unstack_layers(params)
     return family_of(config).unstack_layers(params, config)
 
 

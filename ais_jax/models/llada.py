@@ -49,7 +49,7 @@ import jax
 import jax.numpy as jnp
 
 from ais_jax import checks
-from ais_jax.models.family import Family, TensorName
+from ais_jax.models.family import Family, TensorName, hf_layer_names
 from ais_jax.models.qwen3 import PROJECTIONS, dense_params
 from ais_jax.nn.layers import (
     Params,
@@ -393,16 +393,9 @@ def _block_prefix(config: LLaDAConfig, i: int) -> str:
 def tensor_names(config: LLaDAConfig) -> dict[str, TensorName]:
     """Every tensor name of a LLaDA checkpoint (the hub's layout) -> `family.TensorName`."""
     shapes = jax.eval_shape(lambda k: init_params(config, k), jax.random.key(0))
-    names = {
-        hf: TensorName(ours, None, tuple(shapes[ours].shape))
-        for ours, hf in _TOP_NAMES.items()
-        if ours in shapes
-    }
-    for ours, suffix in _BLOCK_NAMES.items():
-        shape = tuple(shapes["layers"][ours].shape[1:])
-        for i in range(config.num_layers):
-            names[_block_prefix(config, i) + suffix] = TensorName(ours, i, shape)
-    return names
+    layers = range(config.num_layers)
+    prefix = lambda i: _block_prefix(config, i)  # noqa: E731
+    return hf_layer_names(_TOP_NAMES, _BLOCK_NAMES, shapes, lambda _: layers, prefix=prefix)
 
 
 def _unstack(params: Params, config: LLaDAConfig | None = None) -> Params:
