@@ -119,8 +119,8 @@ def test_grpo_steps_with_fp8_rollout_and_ais(checkpoint):
     """Three steps of the trainer's phases on the transformers checkpoint: FP8 rollout (every
     projection a `QArray`), BF16 score, AIS-corrected update over 2 minibatches (loss and
     every metric finite, params change, nothing skipped); then the BF16 rollout's log-probs
-    are the BF16 trainer's score (on CPU to float32 rounding; elsewhere the sampler test's
-    bounds: max 0.05, mean 5e-3)."""
+    are the BF16 trainer's score (the sampler test's bounds, max 0.05 and mean 5e-3; on CPU
+    most tokens to float32 rounding)."""
     config, params = load_hf(checkpoint, dtype=jnp.float32)
     assert isinstance(config, qwen35.Qwen35Config)
     G = 4
@@ -173,10 +173,15 @@ def test_grpo_steps_with_fp8_rollout_and_ais(checkpoint):
     d = np.abs(np.asarray(trainer) - np.asarray(bf16.logp_plain))[mask]
     print(f"bf16 rollout vs bf16 score: max {d.max():.3g} mean {d.mean():.3g}")
     assert mask.sum() >= B
-    if jax.default_backend() == "cpu":  # measured max 1.2e-7 (jax 0.10.2): 3x margin
-        assert d.max() <= 3.6e-7, d.max()
-    else:  # GPU/TPU GEMMs (not measured here): the sampler test's bounds
-        assert d.max() <= 0.05 and d.mean() <= 5e-3, (d.max(), d.mean())
+    # Every backend: the sampler test's bounds, about one bf16 ulp of a logit of 4.
+    assert d.max() <= 0.05 and d.mean() <= 5e-3, (d.max(), d.mean())
+    if jax.default_backend() == "cpu":
+        # Whether XLA:CPU's bf16 GEMM sums in the same order for a decode step's rows as for
+        # the re-score's depends on the CPU: on an Intel Xeon all 32 tokens agreed to 1.2e-7;
+        # on an AMD EPYC with AVX512-BF16, 30 of 32 (two tokens of one row 2.7e-3 and 9.1e-3
+        # apart: one bf16 rounding flipped; jax 0.10.2). A rounding point the two paths did not
+        # share would move every token, so most must agree to float32 rounding.
+        assert (d <= 3.6e-7).mean() >= 7 / 8, np.sort(d)
 
 
 @pytest.mark.slow
@@ -232,11 +237,14 @@ def test_compare_trains_qwen35_arms_from_one_start(tmp_path):
     rows = {arm: read_metrics(out / arm / "seed0" / "metrics.jsonl") for arm in ("bf16", "fp8_ais")}
     assert all(len(r) == 2 for r in rows.values())
     # the BF16 sampler decodes token by token, the trainer runs the chunked rule: equal up to
-    # float32 summation order. Measured (jax 0.10.2 CPU): BF16 3.6e-6 nats apart, FP8 2.9e-3;
-    # bounds 1e-5 and 1e-3 (2.8x and 2.9x). Off CPU (not measured): BF16 below 1e-4.
+    # float32 summation order and the bf16 roundings it flips now and then. Measured (jax
+    # 0.10.2 CPU): BF16 3.6e-6 nats apart on an Intel Xeon, 2.9e-6 on an AMD EPYC with
+    # AVX512-BF16 and 3.3e-5 in a CI run of 2026-12-06 (its CPU not recorded; bf16 GEMMs that
+    # sum a decode step's rows in another order), FP8 2.8e-3; bounds 1e-4 and 1e-3 (3x and
+    # 2.8x), on every backend.
     bf16, fp8 = (max(r["mismatch/mean_abs"] for r in rows[a]) for a in ("bf16", "fp8_ais"))
     print(f"mismatch/mean_abs: bf16 {bf16:.3g}, fp8 {fp8:.3g}")
-    assert bf16 < (1e-5 if jax.default_backend() == "cpu" else 1e-4), bf16
+    assert bf16 < 1e-4, bf16
     assert fp8 > max(1e-3, 10 * bf16), (bf16, fp8)
     assert all(r["train/skipped_steps"] == 0 for r in rows["fp8_ais"])
     start = {
