@@ -135,9 +135,8 @@ def forward_cached(params: Params, config: Config, tokens_BQ, cache, mask_BQ=Non
 def unstack_layers(params: Params, config: Config | None = None) -> Params:
     """``params`` with ``layers`` a per-layer list (`nn.layers.unstack_layers`); a family that
     stacks per layer kind (Qwen3.5) needs its ``config``."""
-    if config is None:
-        return layers.unstack_layers(params)
-    return family_of(config).unstack_layers(params, config)
+    own = None if config is None else family_of(config).unstack_layers
+    return layers.unstack_layers(params) if own is None else own(params, config)
 
 
 # ---- presets and checkpoints' configs -----------------------------------------------------------

@@ -46,7 +46,6 @@ class Family:
     model_types      the ``config.json`` "model_type" values it reads
     init_params(config, key, dtype) -> params
     forward(params, config, tokens_BS, mask_BS=None) -> logits_BSV (float32)
-    unstack_layers(params, config) -> params with ``layers`` a per-layer list
     tensor_names(config) -> {Hugging Face name: TensorName}
     projections      the matmul weights a quantized rollout copy holds as `QArray`s
     head_name        the checkpoint name of an untied LM head (a tied checkpoint may carry a
@@ -60,6 +59,8 @@ class Family:
         -> (logits_BQV, cache)                      (both None for a diffusion family)
     fuse_projections(layer_params, config) -> layer_params with q/k/v and gate/up fused
                     (None: the decode layouts' ``fused`` keeps this family's apart)
+    unstack_layers(params, config) -> params with ``layers`` a per-layer list (None: one
+                    stack of identical layers, `nn.layers.unstack_layers`)
     file_tensors(path, tensors) -> tensors: a checkpoint's tensors renamed to
                     ``tensor_names``' (a multimodal wrapper's text model; None: as read)
     """
@@ -72,11 +73,11 @@ class Family:
     model_types: tuple[str, ...]
     init_params: Callable[..., Any]
     forward: Callable[..., Any]
-    unstack_layers: Callable[..., Any]
     tensor_names: Callable[[Any], Mapping[str, TensorName]]
     projections: tuple[str, ...]
     head_name: str
     final_hidden: Callable[..., Any] | None = None
+    unstack_layers: Callable[..., Any] | None = None
     response_hidden: Callable[..., Any] | None = None
     init_cache: Callable[..., Any] | None = None
     forward_cached: Callable[..., Any] | None = None

@@ -60,7 +60,6 @@ from ais_jax.nn.layers import (
     positions_from_mask,
     rms_norm,
     rope,
-    unstack_layers,
 )
 from ais_jax.nn.quant import linear
 
@@ -398,10 +397,6 @@ def tensor_names(config: LLaDAConfig) -> dict[str, TensorName]:
     return hf_layer_names(_TOP_NAMES, _BLOCK_NAMES, shapes, lambda _: layers, prefix=prefix)
 
 
-def _unstack(params: Params, config: LLaDAConfig | None = None) -> Params:
-    return unstack_layers(params)
-
-
 FAMILY = Family(
     name="llada",
     kind="diffusion",
@@ -411,7 +406,6 @@ FAMILY = Family(
     model_types=("llada",),
     init_params=init_params,
     forward=forward,
-    unstack_layers=_unstack,
     tensor_names=tensor_names,
     head_name=_TOP_NAMES["lm_head"],
     projections=PROJECTIONS,

@@ -72,7 +72,6 @@ from ais_jax.nn.layers import (
     rms_norm,
     rope,
     rows_per_prompt,
-    unstack_layers,
 )
 from ais_jax.nn.quant import concat_rows, linear, split_rows
 
@@ -713,10 +712,6 @@ def tensor_names(config: ModelConfig) -> dict:
     return hf_layer_names(HF_TOP_NAMES, HF_LAYER_NAMES, param_shapes(config), lambda _: layers)
 
 
-def _unstack(params: Params, config: ModelConfig | None = None) -> Params:
-    return unstack_layers(params)
-
-
 FAMILY = Family(
     name="qwen3",
     kind="autoregressive",
@@ -726,7 +721,6 @@ FAMILY = Family(
     model_types=tuple(_MODEL_TYPES),
     init_params=init_params,
     forward=forward,
-    unstack_layers=_unstack,
     tensor_names=tensor_names,
     head_name=HF_TOP_NAMES["lm_head"],
     projections=PROJECTIONS,
