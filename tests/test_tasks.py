@@ -1,5 +1,6 @@
 """Specifications of the tasks: generators, rewards, parsers, JSONL loading and the tokenizer."""
 
+import collections
 import dataclasses
 import doctest
 import importlib
@@ -174,6 +175,44 @@ def test_arithmetic_instruction_adds_chat_messages_and_keeps_the_draws():
         assert b.messages == ({"role": "user", "content": f"What is {x} {op} {y}? Be brief."},)
     with pytest.raises(ValueError, match="instruction must be a string or None, got 3"):
         Arithmetic(instruction=3)
+
+
+def test_arithmetic_filler_prefixes_uniform_letters_and_keeps_the_reward():
+    """The filler is ``filler`` lowercase letters and a space before the unchanged demonstration;
+    its letters are near-uniform over the 26 (the entropy it exists to add), the reward of a
+    demonstration stays 1 (no digit leaks in), and ``filler=0`` draws nothing extra."""
+    plain, padded = Arithmetic(ops=("+",), slip=0.5), Arithmetic(ops=("+",), slip=0.5, filler=5)
+    counts = collections.Counter()
+    for seed in range(400):
+        ex = padded.sample(random.Random(seed))
+        letters, sep, rest = ex.demonstration.partition(" ")
+        assert sep == " " and len(letters) == 5 and letters.isalpha() and letters.islower()
+        assert padded.reward(ex, ex.demonstration) == plain.reward(ex, rest)
+        counts.update(letters)
+    assert padded.reward(ex, "qwert " + ex.answer) == 1.0
+    assert len(counts) == 26 and max(counts.values()) < 2 * min(counts.values())
+    assert Arithmetic(filler=0).sample(random.Random(3)) == Arithmetic().sample(random.Random(3))
+    for bad in (-1, 2.0, True, "3"):
+        with pytest.raises(ValueError, match=f"filler must be an integer >= 0, got {bad!r}"):
+            Arithmetic(filler=bad)
+    for bad in (-0.1, 1.5, "0.5"):
+        with pytest.raises(
+            ValueError, match=f"filler_noise must be a probability in .0, 1., got {bad!r}"
+        ):
+            Arithmetic(filler_noise=bad)
+
+
+def test_arithmetic_filler_noise_mixes_the_positions_letter_with_a_uniform_tail():
+    """``filler_noise=0`` writes the alphabet's first letters; at 0.4 position i holds its letter
+    with probability 0.6 + 0.4/26 and each other letter with 0.4/26 (the likely token and the
+    tail that an FP8 rollout gets wrong)."""
+    exact = Arithmetic(filler=30, filler_noise=0.0).sample(random.Random(0)).demonstration
+    assert exact.split(" ")[0] == "abcdefghijklmnopqrstuvwxyzabcd"
+    task, n = Arithmetic(filler=3, filler_noise=0.4), 3000
+    firsts = collections.Counter(task.sample(random.Random(s)).demonstration[2] for s in range(n))
+    own = 0.6 + 0.4 / 26
+    assert abs(firsts["c"] / n - own) < 4 * (own * (1 - own) / n) ** 0.5
+    assert abs((n - firsts["c"]) / n / 25 - 0.4 / 26) < 0.01 and len(firsts) == 26
 
 
 def test_arithmetic_one_digit_covers_zero():

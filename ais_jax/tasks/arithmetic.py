@@ -27,6 +27,15 @@ every problem with a carry is wrong while the right one keeps probability ``1 - 
 carry, which is the situation RL post-training is for. Multiplication demonstrations are
 always exact. With ``slip=0`` (the default) no extra random numbers are drawn.
 
+``filler`` prefixes each demonstration with that many lowercase letters and a space (``"abqd
+432"``): free tokens that carry entropy but no reward, as the free phrasing of a real model's
+response does. Letter ``i`` is the ``i``-th of the alphabet (cycling) with probability
+``1 - filler_noise`` and otherwise uniform among all 26, so a warm start learns a likely letter
+and a tail of unlikely ones at each position (``filler_noise=1``: all uniform). A rollout's
+log-prob error grows with how far below the top a sampled token's logit lies, so sampling from
+such tails is what makes a real model's FP8 mismatch (issue 47, docs/results.md). The letters
+never hold a digit, so the reward reads the same answer.
+
 ``instruction`` gives each example chat ``messages`` too: one user message, ``"What is 47 +
 385? "`` followed by the instruction, which a tokenizer with a chat template (an
 instruction-tuned checkpoint such as SmolLM2-135M-Instruct) renders in place of the bare
@@ -45,6 +54,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import re
+import string
 from typing import ClassVar
 
 from ais_jax.tasks.base import Example
@@ -74,6 +84,8 @@ class Arithmetic:
     show_work: bool = False
     slip: float = 0.0
     instruction: str | None = None
+    filler: int = 0
+    filler_noise: float = 1.0
 
     def __post_init__(self):
         object.__setattr__(self, "ops", tuple(self.ops))
@@ -88,6 +100,12 @@ class Arithmetic:
             raise ValueError(f"min_digits must be >= 1, got {self.min_digits}")
         if not (isinstance(self.slip, int | float) and 0.0 <= self.slip <= 1.0):
             raise ValueError(f"slip must be a probability in [0, 1], got {self.slip!r}")
+        if isinstance(self.filler, bool) or not isinstance(self.filler, int) or self.filler < 0:
+            raise ValueError(f"filler must be an integer >= 0, got {self.filler!r}")
+        if not (isinstance(self.filler_noise, int | float) and 0.0 <= self.filler_noise <= 1.0):
+            raise ValueError(
+                f"filler_noise must be a probability in [0, 1], got {self.filler_noise!r}"
+            )
         if self.instruction is not None and not isinstance(self.instruction, str):
             raise ValueError(f"instruction must be a string or None, got {self.instruction!r}")
         if self.max_digits < self.min_digits:
@@ -107,6 +125,9 @@ class Arithmetic:
         else:
             steps, shown = {"+": _add_steps, "-": _sub_steps}[op](a, b, slips)
         demonstration = "\n".join([*steps, f"={shown}"]) if self.show_work else str(shown)
+        if self.filler:
+            letters = "".join(_filler_letter(i, rng, self.filler_noise) for i in range(self.filler))
+            demonstration = f"{letters} {demonstration}"
         messages = None
         if self.instruction is not None:
             question = f"What is {a} {op} {b}? {self.instruction}".strip()
@@ -130,6 +151,13 @@ class Arithmetic:
         digits = rng.randint(self.min_digits, self.max_digits)
         low = 0 if digits == 1 else 10 ** (digits - 1)
         return rng.randint(low, 10**digits - 1)
+
+
+def _filler_letter(i: int, rng: random.Random, noise: float) -> str:
+    """The ``i``-th filler letter: the alphabet's ``i``-th (cycling), or w.p. ``noise`` any."""
+    if rng.random() < noise:
+        return rng.choice(string.ascii_lowercase)
+    return string.ascii_lowercase[i % 26]
 
 
 def final_integer(response: str) -> str | None:
