@@ -152,12 +152,14 @@ def test_fused_layouts_leave_qwen35_apart(params):
 def test_bf16_rollout_logp_equals_token_logprobs(params, layout):
     """BF16 params: the sampling-time log-probs are the trainer's teacher-forced ones, under
     every decode layout, at T = 1 and 0.7. The decode runs the delta rule token by token, the
-    trainer in chunks: the same float32 sums in another order before the bf16 rounding. On CPU
-    they agree to float32 rounding: measured max 4.8e-7, mean 1.1e-7 (T = 0.7; bitwise at
-    T = 1; jax 0.10.2), bounded by max 1e-6 and mean 3e-7 (2x and 2.7x). Elsewhere (GPU/TPU
-    GEMMs, not measured here) the bounds are the sampler test's: max 0.05, mean 5e-3, about one
-    bf16 ulp of a logit of 4. (Float32 decoding is the full forward:
-    `test_decoding_token_by_token_equals_the_full_forward`.)"""
+    trainer in chunks: the same float32 sums in another order before the bf16 rounding, which
+    now and then flips. The bounds are the sampler test's on every backend: max 0.05, mean
+    5e-3, about one bf16 ulp of a logit of 4. On CPU most tokens also agree to float32
+    rounding (at least 7 in 8 within 1e-6): on an Intel Xeon all of them (max 4.8e-7, mean
+    1.1e-7 at T = 0.7, bitwise at T = 1); on an AMD EPYC with AVX512-BF16, whose bf16 GEMMs sum
+    a decode step's rows in another order, 31 of 32 under the out_in layouts (one token
+    4.1e-3 / 5.2e-3 apart at T = 1 / 0.7) and all under the others (jax 0.10.2). (Float32
+    decoding is the full forward: `test_decoding_token_by_token_equals_the_full_forward`.)"""
     cpu = jax.default_backend() == "cpu"
     p = cast_params(params, jnp.bfloat16)
     for temperature in (1.0, 0.7):
@@ -170,8 +172,9 @@ def test_bf16_rollout_logp_equals_token_logprobs(params, layout):
         )
         d = np.abs(np.asarray(lp) - np.asarray(r.logp_plain))[np.asarray(r.mask)]
         print(f"{layout} bf16 T={temperature}: max {d.max():.3g} mean {d.mean():.3g}")
-        assert d.max() <= (1e-6 if cpu else 0.05), d.max()
-        assert d.mean() <= (3e-7 if cpu else 5e-3), d.mean()
+        assert d.max() <= 0.05 and d.mean() <= 5e-3, (d.max(), d.mean())
+        if cpu:  # a rounding point the two paths did not share would move every token
+            assert (d <= 1e-6).mean() >= 7 / 8, np.sort(d)
 
 
 @pytest.mark.slow
