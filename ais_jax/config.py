@@ -533,7 +533,7 @@ class TrainConfig:
             )
 
     def _check_diffusion(self) -> None:
-        """What LLaDA's trainer (diffusion_run.py) does not do: top-k/top-p sampling (its
+        """What LLaDA's trainer (`train.diffusion.ESTIMATOR`) does not do: top-k/top-p sampling (its
         sampler draws from the full softmax) and a KL term."""
         r = self.rollout
         r.diffusion.check_length(r.max_new_tokens)

@@ -81,7 +81,9 @@ def host_inputs():
 
 def step(mesh, params, rows, advantages):
     """init, sync, score (2 masks) and one update on ``mesh``: (Scored, state, metrics)."""
-    phases = dt.make_phases(mesh, CFG, CONFIG, eos_ids=(2,), compute_dtype=jnp.float32)
+    phases = train.make_phases(
+        mesh, CFG, CONFIG, eos_ids=(2,), compute_dtype=jnp.float32, estimator=dt.ESTIMATOR
+    )
     state = phases.init(params)
     rollout = phases.sync(state.params)
     rows = shd.shard_batch(rows, mesh)

@@ -1,4 +1,4 @@
-"""diffu-GRPO for LLaDA in the trainer (`diffusion_train`'s phases, `diffusion_run.DiffusionRun`).
+"""diffu-GRPO for LLaDA in the trainer (`train.make_phases` with `diffusion.ESTIMATOR`, `Run`).
 
 Phases, on one device with a tiny LLaDA: the ratio of a BF16 rollout to the BF16 trainer on the
 same prompt mask is exactly 1 (and an FP8 rollout's is not); each inner update gets its own
@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
-from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -24,8 +23,9 @@ import pytest
 
 from ais_jax.analysis.plots import read_metrics
 from ais_jax.cli.main import main
-from ais_jax.config import load_config
+from ais_jax.config import TrainConfig, load_config
 from ais_jax.io.hf import load_hf
+from ais_jax.models import ModelConfig
 from ais_jax.models.llada import LLaDAConfig, init_params
 from ais_jax.parallel import sharding as shd
 from ais_jax.rollout import diffusion as ds
@@ -33,7 +33,7 @@ from ais_jax.tasks import make_task
 from ais_jax.train import diffusion as dt
 from ais_jax.train import job
 from ais_jax.train import step as train
-from ais_jax.train.diffusion_run import DiffusionRun
+from ais_jax.train.run import Run
 
 LLADA_TINY = Path(__file__).parent.parent / "configs" / "llada_tiny.yaml"
 # `configs/llada_tiny.yaml` at test size: one layer, 8 rollouts of 12 tokens, 2 RL steps, on
@@ -88,12 +88,13 @@ def _scored(fmt: str, p_mask: float = 0.5, *, compute_dtype=None):
     """Phases of a J-update run in ``fmt``: (phases, state, rollout params, batch, keys, Scored)."""
     cfg = _cfg(f"rollout.format={fmt}")
     assert cfg.optim.ppo_epochs == J
-    phases = dt.make_phases(
+    phases = train.make_phases(
         shd.make_mesh(cfg.mesh),
         cfg,
         CONFIG,
         eos_ids=(2,),
         compute_dtype=compute_dtype,
+        estimator=dt.ESTIMATOR,
     )
     params = jax.tree.map(lambda x: 10 * x, init_params(CONFIG, jax.random.key(1)))
     state = phases.init(params)
@@ -156,10 +157,10 @@ def test_each_inner_update_has_its_own_mask_and_its_own_logp_rollout():
             np.asarray(scored.logp_rollout)[:, a], np.asarray(scored.logp_rollout)[:, b]
         )
     # the run's J mask keys: distinct, and a function of the step's rollout key only
-    run_keys = DiffusionRun.mask_keys(SimpleNamespace(cfg=_cfg()), jax.random.key(3))[1]
+    run_keys = dt.mask_keys(jax.random.key(3), J)[1]
     data = np.asarray(jax.random.key_data(run_keys))
     assert len({tuple(d) for d in data}) == J
-    again = DiffusionRun.mask_keys(SimpleNamespace(cfg=_cfg()), jax.random.key(3))[1]
+    again = dt.mask_keys(jax.random.key(3), J)[1]
     np.testing.assert_array_equal(np.asarray(jax.random.key_data(again)), data)
 
 
@@ -181,15 +182,8 @@ def test_inner_update_j_uses_mask_j():
             advantages=jnp.asarray([1.0, -1.0, 0.5, -0.5] * 2),
         )
         cfg = _cfg("optim.learning_rate=1e-20")
-        fn = dt._update_phase(
-            shd.make_mesh(cfg.mesh),
-            CONFIG,
-            cfg.optim,
-            cfg.steps,
-            cfg.loss,
-            cfg.correction,
-            train.COMPUTE_DTYPE,
-        )
+        mesh = shd.make_mesh(cfg.mesh)
+        fn = train.make_phases(mesh, cfg, CONFIG, estimator=dt.ESTIMATOR).update
         copy = jax.tree.map(jnp.copy, state)  # the update donates its state
         return jax.device_get(fn(copy, b, jax.random.key(0))[1])
 
@@ -271,15 +265,30 @@ def test_train_from_the_command_line_and_resume_bitwise(tmp_path, capsys):
         np.testing.assert_array_equal(np.asarray(y), np.asarray(x))
 
 
-def test_a_llada_config_makes_a_diffusion_run(tmp_path):
-    """`job.make_run` builds a `DiffusionRun` for ``model.family: llada``: the LLaDA model of the
-    config's shape, the character tokenizer, one prompt-mask key per inner update (seconds: the
-    fast tier's check of diffusion_run.py; the tests above train such runs)."""
+def test_a_llada_config_makes_a_run_with_the_diffusion_estimator(tmp_path):
+    """`job.make_run` for ``model.family: llada``: the one `Run`, with the LLaDA model of the
+    config's shape fitted to the character tokenizer (its ids, and the mask token above them),
+    the diffusion estimator and phases built from it; `mask_keys` gives one prompt-mask key per
+    inner update (seconds: the fast tier's check; the tests above train such runs)."""
     run = job.make_run(_cfg(), tmp_path / "run")
-    assert isinstance(run, DiffusionRun) and run.model_config == CONFIG
+    assert type(run) is Run and run.model_config == CONFIG
+    assert run.estimator is dt.ESTIMATOR and run.phases.estimator is dt.ESTIMATOR
     assert run.tokenizer.eos_ids == (CONFIG.eos_token_id,)
-    sample_key, mask_keys = run.mask_keys(jax.random.key(0))
+    assert CONFIG.mask_token_id == run.tokenizer.vocab_size == CONFIG.vocab_size - 1
+    sample_key, mask_keys = dt.mask_keys(jax.random.key(0), J)
     assert sample_key.shape == () and mask_keys.shape == (J,)
+
+
+def test_make_phases_refuses_an_estimator_of_another_kind():
+    """A LLaDA config with the autoregressive estimator (the default), or a Qwen3 config with
+    the diffusion one, is a ValueError naming both kinds and the table to take it from."""
+    cfg = _cfg()
+    mesh = shd.make_mesh(cfg.mesh)
+    with pytest.raises(ValueError, match="diffusion model .* autoregressive estimator.*ESTIMATORS"):
+        train.make_phases(mesh, cfg, CONFIG)
+    qwen3 = ModelConfig.preset("tiny")
+    with pytest.raises(ValueError, match="autoregressive model .* diffusion estimator"):
+        train.make_phases(mesh, TrainConfig(), qwen3, estimator=dt.ESTIMATOR)
 
 
 def test_sudoku_is_one_setting_away():

@@ -1,9 +1,14 @@
-"""Masked-diffusion SFT for LLaDA (the supervised warm start) and the jitted diffu-GRPO phases.
+"""LLaDA's masked-diffusion training: the SFT loss (the supervised warm start) and diffu-GRPO,
+as the `train.Estimator` `ESTIMATOR` that `train.make_phases` builds phases from and `Run`
+drives, like the autoregressive one.
 
-The RL phases (`make_phases`, `score`, `grpo_update`; the section "diffu-GRPO" below has the
-step and the batch layout) reuse `train.TrainState`, `train.Batch`, `train.make_optimizer`,
-`train.make_correction` and `grpo.loss` as they are: the corrections never learn that the
-model is a diffusion model. diffusion_run.py drives them through runner.py's loop.
+What differs from an autoregressive model is the estimator's part alone: how to roll out
+(`generate_phase`: LLaDA's semi-autoregressive sampler), how to score log-probs (`score`: the
+one-step estimates of d1 on J corrupted prompts, the section "diffu-GRPO" below has the step and
+the batch layout), the update that learns from them (`grpo_update`) and the SFT loss
+(`sft_loss`). They reuse `train.TrainState`, `train.Batch`, `train.make_optimizer`,
+`train.make_correction`, the minibatch scan and `grpo.loss` as they are: the corrections never
+learn that the model is a diffusion model.
 
 LLaDA's SFT objective (Nie et al. 2025, section 2.3 and the "SFT" section of LLaDA's
 GUIDELINES.md) trains the mask predictor on (prompt, response) pairs. The prompt is never
@@ -36,12 +41,12 @@ Dimensions: B rows, P prompt length, T response length, S = P + T, V vocabulary.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Callable, Mapping
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import struct
 
@@ -169,7 +174,8 @@ def make_sft_step(
 
 # ---- diffu-GRPO: the RL phases ------------------------------------------------------------------
 #
-# One RL step of a diffusion model (diffusion_run.py drives it; compare train.py's docstring):
+# One RL step of a diffusion model (`Run.step` drives it through `ESTIMATOR`; compare step.py's
+# docstring):
 #
 #     sync      trainer params (float32) -> rollout copy (bf16, or FP8/FP4 `QArray`s)
 #     generate  `diffusion_sampler.generate_arrays` with the rollout copy
@@ -311,103 +317,97 @@ def masked_sft_step(
     return optax.apply_updates(params, updates), opt_state, loss
 
 
-# ---- the jitted phases --------------------------------------------------------------------------
+# ---- the estimator: diffu-GRPO in `train.make_phases` and `Run` ----------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
-class DiffusionPhases:
-    """The jitted phases of a LLaDA run (`make_phases`), with `train.Phases`' conventions
-    (global arrays on the mesh, rows over data x fsdp, the TRAIN / ROLLOUT layouts, donation).
-
-    init(params) -> TrainState;  sync(params) -> rollout copy;  sync_bf16 (evaluation policy)
-    generate(rollout params, prompts, prompt_mask, key, logp_key, temperature, remasking,
-             p_mask_prompt) -> DiffusionRollout;  generate_bf16 (the same program)
-    score(rollout params, params, prompt_tokens, prompt_mask, tokens, mask, mask_keys,
-          p_mask_prompt) -> Scored
-    update(state, batch, key) -> (state, metrics)        donates ``state``
-    sft_init(params) -> opt_state
-    sft_step(params, opt_state, prompt_tokens, prompt_mask, tokens, mask, key)
-        -> (params, opt_state, loss)                     donates params and opt_state
-    """
-
-    init: Callable
-    sync: Callable
-    generate: Callable
-    sync_bf16: Callable
-    generate_bf16: Callable
-    score: Callable
-    update: Callable
-    sft_init: Callable
-    sft_step: Callable
+def mask_keys(key: jax.Array, passes: int) -> tuple[jax.Array, jax.Array]:
+    """``(sampler key, [passes] prompt-mask keys)`` of a step's rollout ``key``: the sampler
+    draws from the first half of ``split(key)``, the J = ``optim.ppo_epochs`` inner updates'
+    prompt masks from ``split`` of the second."""
+    sample_key, masks_key = jax.random.split(key)
+    return sample_key, jax.random.split(masks_key, passes)
 
 
-def make_phases(
-    mesh: jax.sharding.Mesh,
-    cfg,
-    config: LLaDAConfig,
-    *,
-    eos_ids: tuple[int, ...] = (),
-    pad_id: int = 0,
-    compute_dtype=None,
-) -> DiffusionPhases:
-    """The phases of training LLaDA ``config`` under ``cfg`` (a `config.TrainConfig`) on
-    ``mesh``, memoised on what each reads like `train.make_phases` (arms and seeds of a
-    comparison share them). Sampling options are runtime arguments: no recompiles."""
-    dtype = compute_dtype or train.COMPUTE_DTYPE
-    r = cfg.rollout
-    weights = train.rollout_weights(r)
-    bf16 = RolloutConfig(format="bf16")
-    decode = dict(
-        gen_length=r.max_new_tokens,
-        block_length=r.diffusion.block_length,
-        steps=r.diffusion.steps,
+def update(state, batch, key, *, temperature, **kwargs):
+    """`grpo_update` as the `train.Estimator` calls it. ``temperature`` is not read: the
+    one-step estimates are the model's distribution at T = 1 whatever the sampling temperature
+    (d1's diffu-GRPO)."""
+    del temperature
+    return grpo_update(state, batch, key, **kwargs)
+
+
+def experience(phases, cfg, rollout_params, params, ref_params, ro, advantages, key):
+    """The diffu-GRPO batch of rollout ``ro`` (layout in the section above): J prompt masks
+    from the rollout ``key`` (`mask_keys`), per mask logp_rollout under the rollout copy and
+    logp_old under the BF16 trainer on the same corrupted prompt; the entropy is the trainer's
+    on mask 0. No reference policy (`config` rejects ``kl_coef > 0`` for LLaDA)."""
+    del ref_params
+    _, keys_J = mask_keys(key, cfg.optim.ppo_epochs)
+    p_mask = jnp.float32(cfg.rollout.diffusion.p_mask_prompt)
+    sampled = (ro.prompt_tokens, ro.prompt_mask, ro.tokens, ro.mask)
+    scored = phases.score(rollout_params, params, *sampled, keys_J, p_mask)
+    batch = train.Batch(
+        prompt_tokens=scored.prompt_tokens,
+        prompt_mask=ro.prompt_mask,
+        tokens=ro.tokens,
+        mask=ro.mask,
+        logp_rollout=scored.logp_rollout,
+        logp_old=scored.logp_old,
+        advantages=advantages,
+    )
+    return batch, scored.entropy
+
+
+def sft_responses(tokens_BT, mask_BT, eos_id):
+    """LLaDA's SFT recipe: the response padded with EOS up to its full length and those EOS
+    counted as answer tokens (so the model learns to fill the tail with EOS); nothing to trim."""
+    return np.where(mask_BT, tokens_BT, eos_id), np.ones_like(mask_BT), False
+
+
+def vocab_overrides(vocab_size: int, eos_id: int, pad_id: int) -> dict:
+    """The tokenizer's ids and one more, the mask token, outside them; its end and padding ids."""
+    return {
+        "vocab_size": vocab_size + 1,
+        "mask_token_id": vocab_size,
+        "eos_token_id": eos_id,
+        "pad_token_id": pad_id,
+    }
+
+
+def generate_phase(
+    mesh, config: LLaDAConfig, rollout: RolloutConfig, *, dtype, cfg, eos_ids, pad_id
+):
+    """The generate phase in `train.Estimator`'s signature: LLaDA's semi-autoregressive sampler
+    (``cfg.diffusion``'s block length, steps, remasking and prompt-mask probability) for
+    ``cfg.max_new_tokens`` positions. ``key`` splits into the sampler's key and its
+    ``logp_key``; ``top_k = 1`` is greedy (temperature 0, argmax); ``top_p`` and
+    ``prompt_group`` do not apply (`config` rejects top-k/top-p for LLaDA)."""
+    d = cfg.diffusion
+    jitted = _generate_phase(
+        mesh,
+        config,
+        rollout,
+        dtype,
+        gen_length=cfg.max_new_tokens,
+        block_length=d.block_length,
+        steps=d.steps,
         eos_ids=tuple(eos_ids),
         pad_id=pad_id,
     )
-    return DiffusionPhases(
-        init=_init_phase(mesh, config, cfg.optim, cfg.steps),
-        sync=_sync_phase(mesh, config, weights, dtype),
-        generate=_generate_phase(mesh, config, weights, dtype, **decode),
-        sync_bf16=_sync_phase(mesh, config, bf16, dtype),
-        generate_bf16=_generate_phase(mesh, config, bf16, dtype, **decode),
-        score=_score_phase(mesh, config, weights, dtype),
-        update=_update_phase(mesh, config, cfg.optim, cfg.steps, cfg.loss, cfg.correction, dtype),
-        sft_init=_sft_init_phase(mesh, config, cfg.sft),
-        sft_step=_sft_step_phase(mesh, config, cfg.sft, dtype),
-    )
+    remasking, p_mask = jnp.int32(ds.REMASKING.index(d.remasking)), jnp.float32(d.p_mask_prompt)
 
+    def generate(params, prompts, prompt_mask, key, temperature, top_k, top_p, prompt_group=1):
+        del top_p, prompt_group
+        return jitted(params, prompts, prompt_mask, key, temperature, top_k, remasking, p_mask)
 
-def _master(config: LLaDAConfig) -> Params:
-    return jax.eval_shape(lambda k: llada.init_params(config, k), jax.random.key(0))
-
-
-def _copy(config: LLaDAConfig, rollout: RolloutConfig, dtype) -> Params:
-    sync = functools.partial(train.sync_rollout_params, cfg=rollout, dtype=dtype)
-    return jax.eval_shape(sync, _master(config))
-
-
-@functools.lru_cache(maxsize=train.PHASE_MEMO)
-def _init_phase(mesh, config: LLaDAConfig, optim, steps: int) -> Callable:
-    init = functools.partial(train.init_state, optimizer=train.make_optimizer(optim, steps))
-    shardings = shd.param_shardings(jax.eval_shape(init, _master(config)), mesh, shd.TRAIN)
-    jitted = jax.jit(init, out_shardings=shardings)
-    return lambda params: jitted(jax.device_put(params, shardings.params))
-
-
-@functools.lru_cache(maxsize=train.PHASE_MEMO)
-def _sync_phase(mesh, config: LLaDAConfig, rollout: RolloutConfig, dtype) -> Callable:
-    sync = functools.partial(train.sync_rollout_params, cfg=rollout, dtype=dtype)
-    in_train = shd.param_shardings(_copy(config, rollout, dtype), mesh, shd.TRAIN)
-    return jax.jit(
-        lambda params: jax.lax.with_sharding_constraint(sync(params), in_train),
-        in_shardings=(shd.param_shardings(_master(config), mesh, shd.TRAIN),),
-        out_shardings=shd.param_shardings(_copy(config, rollout, dtype), mesh, shd.ROLLOUT),
-    )
+    return generate
 
 
 @functools.lru_cache(maxsize=train.PHASE_MEMO)
 def _generate_phase(mesh, config: LLaDAConfig, rollout: RolloutConfig, dtype, **decode) -> Callable:
-    def rollout_fn(params, prompts, prompt_mask, key, logp_key, temperature, remasking, p_mask):
+    def rollout_fn(params, prompts, prompt_mask, key, temperature, top_k, remasking, p_mask):
+        key, logp_key = jax.random.split(key)
+        temperature = jnp.where(top_k == 1, 0.0, temperature)  # greedy: argmax
         return ds.generate_arrays(
             params,
             config,
@@ -422,7 +422,7 @@ def _generate_phase(mesh, config: LLaDAConfig, rollout: RolloutConfig, dtype, **
         )
 
     rows, rep = shd.batch_sharding(mesh), shd.replicated(mesh)
-    copy = shd.param_shardings(_copy(config, rollout, dtype), mesh, shd.ROLLOUT)
+    copy = shd.param_shardings(train.rollout_copy(config, rollout, dtype), mesh, shd.ROLLOUT)
     out = ds.DiffusionRollout(*[rows] * 8, logp_key=rep)
     return jax.jit(
         rollout_fn,
@@ -432,10 +432,13 @@ def _generate_phase(mesh, config: LLaDAConfig, rollout: RolloutConfig, dtype, **
 
 
 @functools.lru_cache(maxsize=train.PHASE_MEMO)
-def _score_phase(mesh, config: LLaDAConfig, rollout: RolloutConfig, dtype) -> Callable:
+def score_phase(mesh, config: LLaDAConfig, dtype, weights: RolloutConfig) -> Callable:
+    """`score` jitted: ``score(rollout params, params, prompt_tokens, prompt_mask, tokens,
+    mask, mask_keys_J, p_mask_prompt) -> Scored`` (the rollout copy ``weights`` describes, in
+    the ROLLOUT layout, and the master params)."""
     rows, rep = shd.batch_sharding(mesh), shd.replicated(mesh)
-    copy = shd.param_shardings(_copy(config, rollout, dtype), mesh, shd.ROLLOUT)
-    master = shd.param_shardings(_master(config), mesh, shd.TRAIN)
+    copy = shd.param_shardings(train.rollout_copy(config, weights, dtype), mesh, shd.ROLLOUT)
+    master = shd.param_shardings(train.master_shapes(config), mesh, shd.TRAIN)
 
     def score_fn(rollout_params, params, *batch):
         return score(rollout_params, params, config, *batch, dtype=dtype)
@@ -447,29 +450,6 @@ def _score_phase(mesh, config: LLaDAConfig, rollout: RolloutConfig, dtype) -> Ca
     )
 
 
-@functools.lru_cache(maxsize=train.PHASE_MEMO)
-def _update_phase(mesh, config: LLaDAConfig, optim, steps, loss_cfg, correction, dtype) -> Callable:
-    optimizer = train.make_optimizer(optim, steps)
-    step = functools.partial(
-        grpo_update,
-        config=config,
-        optimizer=optimizer,
-        optim=optim,
-        loss_cfg=loss_cfg,
-        correction=train.make_correction(correction),
-        dtype=dtype,
-    )
-    init = functools.partial(train.init_state, optimizer=optimizer)
-    state_sh = shd.param_shardings(jax.eval_shape(init, _master(config)), mesh, shd.TRAIN)
-    rep = shd.replicated(mesh)
-    return jax.jit(
-        step,
-        in_shardings=(state_sh, shd.batch_sharding(mesh), rep),
-        out_shardings=(state_sh, rep),
-        donate_argnums=0,
-    )
-
-
 def make_sft_optimizer(sft) -> optax.GradientTransformation:
     """`train.make_sft_optimizer` (Adam, warmup + cosine) after global-norm clipping at 1 (the
     Hugging Face Trainer default that LLaDA's and d1's SFT run with): the 1/p_b weights of
@@ -478,24 +458,15 @@ def make_sft_optimizer(sft) -> optax.GradientTransformation:
     return optax.chain(optax.clip_by_global_norm(1.0), train.make_sft_optimizer(sft))
 
 
-@functools.lru_cache(maxsize=train.PHASE_MEMO)
-def _sft_init_phase(mesh, config: LLaDAConfig, sft) -> Callable:
-    init = make_sft_optimizer(sft).init
-    shardings = shd.param_shardings(jax.eval_shape(init, _master(config)), mesh, shd.TRAIN)
-    master = shd.param_shardings(_master(config), mesh, shd.TRAIN)
-    return jax.jit(init, in_shardings=(master,), out_shardings=shardings)
-
-
-@functools.lru_cache(maxsize=train.PHASE_MEMO)
-def _sft_step_phase(mesh, config: LLaDAConfig, sft, dtype) -> Callable:
-    optimizer = make_sft_optimizer(sft)
-    step = functools.partial(masked_sft_step, config=config, optimizer=optimizer, dtype=dtype)
-    master = shd.param_shardings(_master(config), mesh, shd.TRAIN)
-    opt_sh = shd.param_shardings(jax.eval_shape(optimizer.init, _master(config)), mesh, shd.TRAIN)
-    rows, rep = shd.batch_sharding(mesh), shd.replicated(mesh)
-    return jax.jit(
-        step,
-        in_shardings=(master, opt_sh, rows, rows, rows, rows, rep),
-        out_shardings=(master, opt_sh, rep),
-        donate_argnums=(0, 1),
-    )
+ESTIMATOR = train.Estimator(
+    kind="diffusion",
+    generate_phase=generate_phase,
+    score_phase=score_phase,
+    update=update,
+    sft_optimizer=make_sft_optimizer,
+    sft_step=masked_sft_step,
+    experience=experience,
+    sft_responses=sft_responses,
+    vocab_overrides=vocab_overrides,
+    keeps_rollout_copy=True,
+)

@@ -3,8 +3,8 @@
 `run_training` is three parts: `_start_or_resume` (a fresh run's SFT warm start, step-0
 evaluation and checkpoint, or the restore of the newest checkpoint), `_rl_steps` (each step
 logged by `run_log.RunLog`, checkpointed and evaluated on schedule) and `_summarize`. It drives
-a `runner.Run`, or a `diffusion_run.DiffusionRun` for a LLaDA model (`make_run`): the same
-metrics, checkpoints, resume, plots and run directory for both.
+a `run.Run` (`make_run`), whatever the model family: the same metrics, checkpoints, resume,
+plots and run directory for all.
 """
 
 from __future__ import annotations
@@ -27,15 +27,14 @@ from ais_jax.io.provenance import provenance
 from ais_jax.io.run_log import RunLog, accuracy_words, forget_set_aside
 from ais_jax.parallel import sharding as shd
 from ais_jax.train import preemption
-from ais_jax.train.diffusion_run import DiffusionRun
 from ais_jax.train.run import Run
 
 log = logging.getLogger(__name__)
 
 
 def make_run(cfg: TrainConfig, out: str | Path) -> Run:
-    """`Run`, or `diffusion_run.DiffusionRun` for a diffusion family (``model.family: llada``)."""
-    return (DiffusionRun if cfg.model.kind == "diffusion" else Run)(cfg, out)
+    """The `Run` of ``cfg`` (any family: its kind's `train.Estimator`), writing to ``out``."""
+    return Run(cfg, out)
 
 
 def run_training(

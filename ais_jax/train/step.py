@@ -32,13 +32,15 @@ settings (the arms and seeds of a comparison, a resumed run) gets the very same 
 and compiles nothing again, and a phase a setting does not touch is shared across it (scoring
 across corrections, the BF16 evaluation policy across rollout formats).
 
-The model is any autoregressive family (`ais_jax.models`): every phase
-reaches it through `ais_jax.models`' entry points (`param_shapes`, `forward`/`final_hidden` inside
+What differs between kinds of model is an `Estimator`: how to roll out (the generate phase),
+score log-probs (the score phase, and the host code that makes the update's batch), the
+update's loss and the SFT step. `AUTOREGRESSIVE` (below) trains every autoregressive family
+through `ais_jax.models`' entry points (`param_shapes`, `forward`/`final_hidden` inside
 `logprobs.token_logprobs`, `init_cache`/`forward_cached` inside `sampler.generate`), which
-dispatch on the config's type, and the FP8 sync quantizes both families' projections
-(`quant.PROJECTIONS`).
+dispatch on the config's type; `diffusion.ESTIMATOR` is LLaDA's. init, sync, the update's jit
+and SFT's are one code path for both.
 
-Nothing here touches files, logging or the command line: see `runner.py`.
+Nothing here touches files, logging or the command line: see `run.py`.
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ from ais_jax.config import (
     SFTConfig,
     TrainConfig,
 )
-from ais_jax.models import Config, param_shapes
+from ais_jax.models import Config, family_of, param_shapes
 from ais_jax.nn.layers import Params, cast_params, check_prompt_group
 from ais_jax.nn.quant import quantize_params
 from ais_jax.parallel import sharding as shd
@@ -366,12 +368,15 @@ def sft_step(
     prompt_mask,
     tokens,
     mask,
+    key=None,
     *,
     config: Config,
     optimizer: optax.GradientTransformation,
     dtype=None,
 ):
-    """One supervised step on prompt + demonstration: mean token cross-entropy of the response."""
+    """One supervised step on prompt + demonstration: mean token cross-entropy of the response.
+    ``key`` is unused (this loss draws nothing; the `Estimator` signature has it for the
+    masked-diffusion loss, which draws its masks)."""
 
     def loss_fn(p):
         logp = logprobs.token_logprobs(
@@ -382,6 +387,92 @@ def sft_step(
     loss, grads = jax.value_and_grad(loss_fn)(params)
     updates, opt_state = optimizer.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss
+
+
+# ---- the estimator: what differs between an autoregressive and a diffusion model ---------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimator:
+    """How one kind of model (`Family.kind`) rolls out, scores log-probs and computes its
+    losses: the part of training that differs between an autoregressive and a masked-diffusion
+    model. `make_phases` builds every phase from it with the same shardings, memo and donation,
+    and `Run` drives either through the same code. Two exist: `AUTOREGRESSIVE` (here) and
+    `diffusion.ESTIMATOR` (LLaDA's diffu-GRPO); `run.ESTIMATORS` is the table by kind.
+
+    kind                      the `Family.kind` it trains
+    generate_phase(mesh, config, weights, dtype, cfg, eos_ids, pad_id)
+        -> generate(params, prompts, prompt_mask, key, temperature, top_k, top_p,
+                    prompt_group=1)           jitted; ``top_k = 1`` is greedy
+    score_phase(mesh, config, dtype, weights) -> score (jitted; its own signature)
+    update(state, batch, key, *, config, optimizer, optim, loss_cfg, correction,
+           temperature, dtype) -> (state, metrics)          pure; jitted by `make_phases`
+    sft_optimizer(sft) -> optax.GradientTransformation
+    sft_step(params, opt_state, prompt_tokens, prompt_mask, tokens, mask, key, *, config,
+             optimizer, dtype) -> (params, opt_state, loss)  pure; jitted by `make_phases`
+    experience(phases, cfg, rollout_params, params, ref_params, rollout, advantages, key)
+        -> (Batch, entropy_BT or None)         host code around the score phase: the batch
+                                              the update learns from (``key``: the rollout's)
+    sft_responses(tokens_BT, mask_BT, eos_id) -> (tokens_BT, mask_BT, trimmable)
+                              the SFT targets from the encoded demonstrations, and whether
+                              their padding columns may be dropped
+    vocab_overrides(vocab_size, eos_id, pad_id) -> dict
+                              the config fields that fit a preset model to a tokenizer of
+                              ``vocab_size`` ids (the built-in character tokenizer)
+    keeps_rollout_copy        ``experience`` reads the rollout copy (else a run frees it as
+                              soon as the rollout is made)
+    """
+
+    kind: str
+    generate_phase: Callable
+    score_phase: Callable
+    update: Callable
+    sft_optimizer: Callable
+    sft_step: Callable
+    experience: Callable
+    sft_responses: Callable
+    vocab_overrides: Callable
+    keeps_rollout_copy: bool = False
+
+
+def experience(phases, cfg: TrainConfig, rollout_params, params, ref_params, ro, advantages, key):
+    """The autoregressive batch of rollout ``ro``: logp_rollout is the sampler's, logp_old the
+    score phase's (None on-policy: the update computes it, and the entropy, from its own
+    forward) and logp_ref the reference policy's when ``loss.kl_coef > 0``. The rows come in
+    groups of ``group_size`` with one prompt, each prompt scored once."""
+    del rollout_params, key  # the sampler's log-probs are the rollout's; nothing is drawn
+    G = cfg.rollout.group_size
+    scored = (ro.prompt_tokens, ro.prompt_mask, ro.tokens, ro.mask)
+    temperature = jnp.float32(cfg.rollout.temperature)
+    logp_old = entropy = None
+    if not on_policy(cfg.optim):
+        logp_old, entropy = phases.score(params, *scored, temperature, G)
+    logp_ref = None
+    if cfg.loss.kl_coef > 0:
+        logp_ref = phases.score(ref_params, *scored, temperature, G)[0]
+    batch = Batch(
+        prompt_tokens=ro.prompt_tokens,
+        prompt_mask=ro.prompt_mask,
+        tokens=ro.tokens,
+        mask=ro.mask,
+        logp_rollout=ro.logp_plain,
+        logp_old=logp_old,
+        advantages=advantages,
+        logp_ref=logp_ref,
+        prompt_group=G,
+    )
+    return batch, entropy
+
+
+def sft_responses(tokens_BT, mask_BT, eos_id):
+    """The demonstrations as encoded (EOS included, padding masked): padding may be trimmed."""
+    return tokens_BT, mask_BT, True
+
+
+def vocab_overrides(vocab_size: int, eos_id: int, pad_id: int) -> dict:
+    """The logits' width is the tokenizer's (the end and padding ids are the tokenizer's own)."""
+    del eos_id, pad_id
+    return {"vocab_size": vocab_size}
 
 
 # ---- the jitted phases --------------------------------------------------------------------------
@@ -396,10 +487,12 @@ class Phases:
                                                      created sharded (no device holds it all)
     sync(params) -> rollout params                   ``rollout.format`` copy, ROLLOUT layout
     generate(rollout params, prompts, prompt_mask, key, temperature, top_k, top_p
-             [, prompt_group]) -> Rollout            prompt_group as in score
+             [, prompt_group]) -> rollout            prompt_group as in score; top_k = 1:
+                                                     greedy
     sync_bf16, generate_bf16                         the same for the BF16 trainer policy
                                                      (held-out evaluation)
-    score(params, prompt_tokens, prompt_mask, tokens, mask, temperature[, prompt_group])
+    score                                            the estimator's; autoregressive:
+        score(params, prompt_tokens, prompt_mask, tokens, mask, temperature[, prompt_group])
         -> (logp, entropy)                           prompt_group (static, default 1): rows
                                                      in groups of that many with one prompt,
                                                      each prompt run once
@@ -407,8 +500,10 @@ class Phases:
                                                      ``batch.logp_old = None`` on-policy:
                                                      computed inside (`update`)
     sft_init(params) -> opt_state                    the SFT optimizer's state
-    sft_step(params, opt_state, prompt_tokens, prompt_mask, tokens, mask)
+    sft_step(params, opt_state, prompt_tokens, prompt_mask, tokens, mask, key)
         -> (params, opt_state, loss)                 donates params and opt_state
+    estimator                                        the `Estimator` they were built from
+                                                     (its host parts: `Run` calls them)
     """
 
     init: Callable
@@ -420,6 +515,7 @@ class Phases:
     update: Callable
     sft_init: Callable
     sft_step: Callable
+    estimator: Estimator
 
 
 def make_phases(
@@ -430,36 +526,48 @@ def make_phases(
     eos_ids: tuple[int, ...] = (),
     pad_id: int = 0,
     compute_dtype=None,
+    estimator: Estimator | None = None,
 ) -> Phases:
     """The phases of training ``config`` under ``cfg`` on ``mesh``, each memoised on what it
     reads (module docstring); ``eos_ids`` and ``pad_id`` are the tokenizer's, for decoding;
-    ``compute_dtype`` is the trainer's (default `COMPUTE_DTYPE`). Sampling options are runtime
-    arguments of ``generate``: changing them compiles nothing."""
+    ``compute_dtype`` is the trainer's (default `COMPUTE_DTYPE`); ``estimator`` is how the
+    model generates and learns (default `AUTOREGRESSIVE`; a diffusion family's is
+    `diffusion.ESTIMATOR`, `run.ESTIMATORS` has both). Sampling options are runtime arguments
+    of ``generate``: changing them compiles nothing."""
+    estimator = estimator or AUTOREGRESSIVE
+    kind = family_of(config).kind
+    if estimator.kind != kind:
+        raise ValueError(
+            f"make_phases: a {kind} model ({type(config).__name__}) with the {estimator.kind} "
+            f"estimator; pass estimator=ais_jax.train.run.ESTIMATORS[{kind!r}]."
+        )
     dtype = compute_dtype or COMPUTE_DTYPE
     r = cfg.rollout
-    bf16 = RolloutConfig(format="bf16")
-    decode = dict(max_new_tokens=r.max_new_tokens, eos_ids=tuple(eos_ids), pad_id=pad_id)
-
-    def layout(weights: RolloutConfig) -> sampler.DecodeLayout:
-        """``decode_layout``, "auto" resolved for the copy's compute dtype (so the phases are
-        memoised on the layout itself)."""
-        copy_dtype = _rollout_copy(config, weights, dtype)["embed"].dtype
-        return sampler.resolve_layout(r.decode_layout, copy_dtype)
-
+    weights, bf16 = rollout_weights(r), RolloutConfig(format="bf16")
+    generate = functools.partial(
+        estimator.generate_phase, mesh, config, dtype=dtype, cfg=r, eos_ids=tuple(eos_ids)
+    )
     return Phases(
         init=_init_phase(mesh, config, cfg.optim, cfg.steps),
-        sync=_sync_phase(mesh, config, rollout_weights(r), dtype),
-        generate=_generate_phase(
-            mesh, config, rollout_weights(r), dtype, **decode, layout=layout(rollout_weights(r))
-        ),
+        sync=_sync_phase(mesh, config, weights, dtype),
+        generate=generate(weights, pad_id=pad_id),
         sync_bf16=_sync_phase(mesh, config, bf16, dtype),
-        generate_bf16=_generate_phase(mesh, config, bf16, dtype, **decode, layout=layout(bf16)),
-        score=_score_phase(mesh, config, dtype),
+        generate_bf16=generate(bf16, pad_id=pad_id),
+        score=estimator.score_phase(mesh, config, dtype, weights),
         update=_update_phase(
-            mesh, config, cfg.optim, cfg.steps, cfg.loss, cfg.correction, r.temperature, dtype
+            mesh,
+            config,
+            cfg.optim,
+            cfg.steps,
+            cfg.loss,
+            cfg.correction,
+            r.temperature,
+            dtype,
+            estimator,
         ),
-        sft_init=_sft_init_phase(mesh, config, cfg.sft),
-        sft_step=_sft_step_phase(mesh, config, cfg.sft, dtype),
+        sft_init=_sft_init_phase(mesh, config, cfg.sft, estimator),
+        sft_step=_sft_step_phase(mesh, config, cfg.sft, dtype, estimator),
+        estimator=estimator,
     )
 
 
@@ -469,23 +577,24 @@ def rollout_weights(r: RolloutConfig) -> RolloutConfig:
     return RolloutConfig(format=r.format, act_scaling=r.act_scaling, fp8_lm_head=r.fp8_lm_head)
 
 
-def _master(config: Config) -> Params:
+def master_shapes(config: Config) -> Params:
+    """The float32 master params' shapes and dtypes."""
     return param_shapes(config, jnp.float32)
 
 
 @functools.lru_cache(maxsize=PHASE_MEMO)
-def _rollout_copy(config: Config, rollout: RolloutConfig, dtype) -> Params:
+def rollout_copy(config: Config, rollout: RolloutConfig, dtype) -> Params:
     """The shapes and dtypes of `sync_rollout_params`'s copy (one trace per copy: `make_phases`
     and the sync and generate phases all read it; callers must not mutate it)."""
     return jax.eval_shape(
-        functools.partial(sync_rollout_params, cfg=rollout, dtype=dtype), _master(config)
+        functools.partial(sync_rollout_params, cfg=rollout, dtype=dtype), master_shapes(config)
     )
 
 
 @functools.lru_cache(maxsize=PHASE_MEMO)
 def _init_phase(mesh, config: Config, optim: OptimConfig, steps: int) -> Callable:
     init = functools.partial(init_state, optimizer=make_optimizer(optim, steps))
-    shardings = shd.param_shardings(jax.eval_shape(init, _master(config)), mesh, shd.TRAIN)
+    shardings = shd.param_shardings(jax.eval_shape(init, master_shapes(config)), mesh, shd.TRAIN)
     jitted = jax.jit(init, out_shardings=shardings)
 
     def born_sharded(params: Params) -> TrainState:
@@ -499,7 +608,7 @@ def _sync_phase(mesh, config: Config, rollout: RolloutConfig, dtype) -> Callable
     """Quantize (or cast) in the training layout, then let ``out_shardings`` gather the copy
     into the rollout layout (1-byte codes travel, not float32 weights), on device."""
     sync = functools.partial(sync_rollout_params, cfg=rollout, dtype=dtype)
-    copy = _rollout_copy(config, rollout, dtype)
+    copy = rollout_copy(config, rollout, dtype)
     in_train = shd.param_shardings(copy, mesh, shd.TRAIN)
 
     def synced(params):
@@ -507,8 +616,28 @@ def _sync_phase(mesh, config: Config, rollout: RolloutConfig, dtype) -> Callable
 
     return jax.jit(
         synced,
-        in_shardings=(shd.param_shardings(_master(config), mesh, shd.TRAIN),),
+        in_shardings=(shd.param_shardings(master_shapes(config), mesh, shd.TRAIN),),
         out_shardings=shd.param_shardings(copy, mesh, shd.ROLLOUT),
+    )
+
+
+def generate_phase(
+    mesh, config: Config, rollout: RolloutConfig, *, dtype, cfg: RolloutConfig, eos_ids, pad_id
+) -> Callable:
+    """The autoregressive generate phase of the copy ``rollout`` describes: `sampler.generate`
+    for ``cfg.max_new_tokens`` tokens under ``cfg.decode_layout`` ("auto" resolved for the
+    copy's compute dtype, so the phase is memoised on the layout itself)."""
+    copy_dtype = rollout_copy(config, rollout, dtype)["embed"].dtype
+    layout = sampler.resolve_layout(cfg.decode_layout, copy_dtype)
+    return _generate_phase(
+        mesh,
+        config,
+        rollout,
+        dtype,
+        max_new_tokens=cfg.max_new_tokens,
+        eos_ids=eos_ids,
+        pad_id=pad_id,
+        layout=layout,
     )
 
 
@@ -528,7 +657,7 @@ def _generate_phase(
     compiled with the sampler's `sampler.compiler_options`. Random draws do not depend on the
     mesh (threefry is partitionable), so a key gives the same tokens on any mesh; the KV cache,
     made inside, is sharded like its inputs by propagation."""
-    copy = _rollout_copy(config, rollout, dtype)
+    copy = rollout_copy(config, rollout, dtype)
 
     def rollout_fn(params, prompts, prompt_mask, key, temperature, top_k, top_p, prompt_group=1):
         return sampler.generate(
@@ -558,15 +687,22 @@ def _generate_phase(
     )
 
 
+def score_phase(mesh, config: Config, dtype, weights: RolloutConfig | None = None) -> Callable:
+    """The autoregressive score phase (`score`), one for every rollout format: ``weights``
+    (the rollout copy) is not read, the sampler's log-probs are the rollout's."""
+    return _score_phase(mesh, config, dtype)
+
+
 @functools.lru_cache(maxsize=PHASE_MEMO)
 def _score_phase(mesh, config: Config, dtype) -> Callable:
+
     def score_fn(params, prompt_tokens, prompt_mask, tokens, mask, temperature, prompt_group=1):
         G = check_prompt_group(prompt_group, tokens.shape[0])  # one prompt per group of G rows
         prompts = (prompt_tokens[::G], prompt_mask[::G])
         return score(params, config, *prompts, tokens, mask, temperature, dtype=dtype)
 
     rows = shd.batch_sharding(mesh)
-    master = shd.param_shardings(_master(config), mesh, shd.TRAIN)
+    master = shd.param_shardings(master_shapes(config), mesh, shd.TRAIN)
     return jax.jit(
         score_fn,
         in_shardings=(master, rows, rows, rows, rows, shd.replicated(mesh)),
@@ -585,10 +721,11 @@ def _update_phase(
     correction: CorrectionConfig,
     temperature: float,
     dtype,
+    estimator: Estimator,
 ) -> Callable:
     optimizer = make_optimizer(optim, steps)
     step = functools.partial(
-        update,
+        estimator.update,
         config=config,
         optimizer=optimizer,
         optim=optim,
@@ -597,7 +734,8 @@ def _update_phase(
         temperature=temperature,
         dtype=dtype,
     )
-    state = jax.eval_shape(functools.partial(init_state, optimizer=optimizer), _master(config))
+    init = functools.partial(init_state, optimizer=optimizer)
+    state = jax.eval_shape(init, master_shapes(config))
     state_sh, rep = shd.param_shardings(state, mesh, shd.TRAIN), shd.replicated(mesh)
     return jax.jit(
         step,
@@ -608,23 +746,37 @@ def _update_phase(
 
 
 @functools.lru_cache(maxsize=PHASE_MEMO)
-def _sft_init_phase(mesh, config: Config, sft: SFTConfig) -> Callable:
-    init = make_sft_optimizer(sft).init
-    shardings = shd.param_shardings(jax.eval_shape(init, _master(config)), mesh, shd.TRAIN)
-    master = shd.param_shardings(_master(config), mesh, shd.TRAIN)
+def _sft_init_phase(mesh, config: Config, sft: SFTConfig, estimator: Estimator) -> Callable:
+    init = estimator.sft_optimizer(sft).init
+    shardings = shd.param_shardings(jax.eval_shape(init, master_shapes(config)), mesh, shd.TRAIN)
+    master = shd.param_shardings(master_shapes(config), mesh, shd.TRAIN)
     return jax.jit(init, in_shardings=(master,), out_shardings=shardings)
 
 
 @functools.lru_cache(maxsize=PHASE_MEMO)
-def _sft_step_phase(mesh, config: Config, sft: SFTConfig, dtype) -> Callable:
-    optimizer = make_sft_optimizer(sft)
-    step = functools.partial(sft_step, config=config, optimizer=optimizer, dtype=dtype)
-    master = shd.param_shardings(_master(config), mesh, shd.TRAIN)
-    opt_sh = shd.param_shardings(jax.eval_shape(optimizer.init, _master(config)), mesh, shd.TRAIN)
-    rows = shd.batch_sharding(mesh)
+def _sft_step_phase(mesh, config: Config, sft: SFTConfig, dtype, estimator: Estimator) -> Callable:
+    optimizer = estimator.sft_optimizer(sft)
+    step = functools.partial(estimator.sft_step, config=config, optimizer=optimizer, dtype=dtype)
+    master = shd.param_shardings(master_shapes(config), mesh, shd.TRAIN)
+    opt_state = jax.eval_shape(optimizer.init, master_shapes(config))
+    opt_sh = shd.param_shardings(opt_state, mesh, shd.TRAIN)
+    rows, rep = shd.batch_sharding(mesh), shd.replicated(mesh)
     return jax.jit(
         step,
-        in_shardings=(master, opt_sh, rows, rows, rows, rows),
-        out_shardings=(master, opt_sh, shd.replicated(mesh)),
+        in_shardings=(master, opt_sh, rows, rows, rows, rows, rep),
+        out_shardings=(master, opt_sh, rep),
         donate_argnums=(0, 1),
     )
+
+
+AUTOREGRESSIVE = Estimator(
+    kind="autoregressive",
+    generate_phase=generate_phase,
+    score_phase=score_phase,
+    update=update,
+    sft_optimizer=make_sft_optimizer,
+    sft_step=sft_step,
+    experience=experience,
+    sft_responses=sft_responses,
+    vocab_overrides=vocab_overrides,
+)
