@@ -40,13 +40,13 @@ import os
 import time
 from typing import NamedTuple
 
+import common
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
 from ais_jax import ais, grpo
-from ais_jax.io.provenance import cpu_model
 from ais_jax.models import init_params
 from ais_jax.models.qwen3 import ModelConfig
 from ais_jax.nn.layers import cast_params
@@ -254,9 +254,8 @@ def main() -> None:
         shapes[size] = (int(rows), int(length))
 
     print(
-        f"jax {jax.__version__} on {jax.devices()[0].device_kind} ({jax.default_backend()}); "
-        f"CPU: {cpu_model()}, {os.cpu_count()} cores; load average before "
-        f"{os.getloadavg()[0]:.2f}"
+        f"{common.host_line(jax_version=True)} on {jax.devices()[0].device_kind} "
+        f"({jax.default_backend()}); load average before {os.getloadavg()[0]:.2f}"
     )
     for size in args.sizes.split(","):
         rows, length = shapes[size]

@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import argparse
 import functools
-import os
 import statistics
-import sys
 import time
+
+import common
 
 
 def main() -> None:
@@ -91,7 +91,7 @@ def main() -> None:
     params = init_params(cfg, jax.random.key(0), jnp.float32)
     params = jax.tree.map(lambda x: x.astype(dtype), params)
     params = jax.block_until_ready(sampler.decode_params(params, layout, cfg))
-    prompts = np.random.default_rng(0).integers(0, V, (B, P)).astype(np.int32)
+    prompts = common.prompt_ids(V, (B, P), 0, low=0)
     call = functools.partial(
         sampler.generate,
         params,
@@ -120,10 +120,7 @@ def main() -> None:
     flops_prefill = 2 * B * P * cfg.num_layers * per_layer
     flops_step = 2 * B * (cfg.num_layers * per_layer + D * V)
     floor = s["prefill"] + (N - 1) * s["decode step"]
-    from ais_jax.io.provenance import cpu_model
-
-    print(f"CPU: {cpu_model()}, {os.cpu_count()} cores; python {sys.version.split()[0]}, ", end="")
-    print(f"jax {jax.__version__}; layout {layout.name}, compiler options {options}")
+    print(f"{common.host_line(jax_version=True)}; layout {layout.name}, compiler options {options}")
     print(f"{a.preset} {a.dtype}, batch {B}, prompt {P}, {N} new tokens; medians of {a.rounds}:")
     prefill, step = s["prefill"], s["decode step"]
     print(f"  prefill matmuls     {prefill:.4g} s  ({flops_prefill / prefill / 1e9:.1f} GFLOP/s)")

@@ -34,12 +34,12 @@ import argparse
 import gzip
 import json
 import re
-import statistics
 import sys
 import time
 from collections import Counter
 from pathlib import Path
 
+import common
 import jax
 import jax.numpy as jnp
 
@@ -227,15 +227,11 @@ def bench(
     def prefill_call(r: int):
         return pre(params, prompts, mask)[0]
 
-    seconds = {}
-    for name, call in (("generate", generate_call), ("prefill", prefill_call)):
-        jax.block_until_ready(call(-1))  # first call: allocations, autotuning caches
-        times = []
-        for r in range(repeats):
-            t0 = time.perf_counter()
-            jax.block_until_ready(call(r))
-            times.append(time.perf_counter() - t0)
-        seconds[name] = statistics.median(times)
+    # each after a first call (allocations, autotuning caches): the median of `repeats` calls
+    seconds = {
+        "generate": common.median_s(generate_call, repeats),
+        "prefill": common.median_s(prefill_call, repeats),
+    }
     decode_s = seconds["generate"] - seconds["prefill"]
     return {
         "compile_s": compile_s,
@@ -330,13 +326,12 @@ def bench_linears(config: ModelConfig, batches, repeats: int, variants) -> list[
                     return sum(y.astype(jnp.float32) for y in ys)
 
                 compiled = jax.jit(layers).lower(x, ws, qs, xq).compile()
-                jax.block_until_ready(compiled(x, ws, qs, xq))
-                times = []
-                for _ in range(repeats):  # CALLS calls queued back to back, one wait
-                    t0 = time.perf_counter()
-                    jax.block_until_ready([compiled(x, ws, qs, xq) for _ in range(CALLS)])
-                    times.append((time.perf_counter() - t0) / CALLS)
-                per_matmul = statistics.median(times) / L
+
+                def run(_, compiled=compiled, args=(x, ws, qs, xq)):
+                    return compiled(*args)
+
+                # CALLS calls queued back to back, one wait, after a first call
+                per_matmul = common.median_s(run, repeats, calls=CALLS) / L
                 wbytes = out_dim * in_dim * (2 if name == "bf16" else 1)
                 row[name] = {
                     "us": per_matmul * 1e6,

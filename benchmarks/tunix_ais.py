@@ -30,42 +30,18 @@ Needs tunix in this interpreter: the README's test command installs it.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
-import resource
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import common
+
 HERE = Path(__file__).resolve().parent
 ARMS = ("tunix", "tunix+ais", "tunix+ais_jax-bf16", "tunix+ais_jax-fp8")
-SIZES = {
-    "tiny": dict(vocab=512, embed=128, layers=4, heads=4, kv_heads=2, head_dim=32, mlp=384),
-    "small": dict(vocab=32_000, embed=512, layers=8, heads=8, kv_heads=4, head_dim=64, mlp=1536),
-}
+SIZES = common.SIZES
 PROMPTS, GROUP, PROMPT_LEN, NEW_TOKENS, LR = 16, 8, 32, 64, 1e-5
-RESULT = "TUNIX_AIS_RESULT "
-
-
-class IdsTokenizer:
-    """Whitespace-separated ids <-> text; no BOS, an eos id never sampled, pad id 0."""
-
-    def encode(self, text, **_):
-        return [int(t) for t in text.split()]
-
-    def decode(self, ids, **_):
-        return " ".join(str(int(i)) for i in ids)
-
-    def bos_id(self):
-        return None
-
-    def eos_id(self):
-        return -1
-
-    def pad_id(self):
-        return 0
 
 
 def worker(arm: str, size: str, warmup: int, steps: int, seed: int) -> dict:
@@ -88,13 +64,7 @@ def worker(arm: str, size: str, warmup: int, steps: int, seed: int) -> dict:
 
     s = SIZES[size]
     config = tunix_qwen3.ModelConfig(
-        num_layers=s["layers"],
-        vocab_size=s["vocab"],
-        embed_dim=s["embed"],
-        hidden_dim=s["mlp"],
-        num_heads=s["heads"],
-        head_dim=s["head_dim"],
-        num_kv_heads=s["kv_heads"],
+        **common.tunix_shape(s),
         rope_theta=1_000_000,
         norm_eps=1e-6,
         use_tied_embedding=True,
@@ -112,11 +82,11 @@ def worker(arm: str, size: str, warmup: int, steps: int, seed: int) -> dict:
         fmt = {"bf16": "bf16", "fp8": "float8_e4m3fn"}[arm.rsplit("-", 1)[1]]
         engine = functools.partial(ais_tunix.Rollout, format=fmt, seed=seed)
     n = warmup + steps
-    ids = np.random.default_rng(seed).integers(1, s["vocab"], (n, PROMPTS, PROMPT_LEN))
+    ids = common.prompt_ids(s["vocab_size"], (n, PROMPTS, PROMPT_LEN), seed)
     data = [{"prompts": np.array([" ".join(map(str, row)) for row in step])} for step in ids]
     cluster = rl_cluster_lib.RLCluster(
         actor=model,
-        tokenizer=IdsTokenizer(),
+        tokenizer=common.IdsTokenizer(),
         cluster_config=rl_cluster_lib.ClusterConfig(
             role_to_mesh={r: mesh for r in rl_cluster_lib.Role},
             rollout_engine=engine,
@@ -129,15 +99,8 @@ def worker(arm: str, size: str, warmup: int, steps: int, seed: int) -> dict:
                 ),
                 pbar_description=None,
             ),
-            rollout_config=base_rollout.RolloutConfig(
-                max_tokens_to_generate=NEW_TOKENS,
-                max_prompt_length=PROMPT_LEN,
-                kv_cache_size=PROMPT_LEN + NEW_TOKENS,
-                temperature=1.0,
-                top_p=1.0,
-                top_k=None,
-                eos_tokens=[-1],
-                return_logprobs=ours,
+            rollout_config=common.tunix_rollout_config(
+                base_rollout, PROMPT_LEN, NEW_TOKENS, return_logprobs=ours
             ),
         ),
     )
@@ -186,24 +149,12 @@ def worker(arm: str, size: str, warmup: int, steps: int, seed: int) -> dict:
     assert len(step_s) == n, (len(step_s), n)
     history = cluster.actor_trainer.metrics_logger.get_metric_history
     mismatch = float(np.mean(history("actor", "mismatch/mean_abs", "train"))) if ours else None
-    return {
-        "step_s": statistics.median(step_s[warmup:]),
-        "rollout_s": statistics.median(rollout_s[warmup:]),
-        "peak_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+    return common.medians({"step_s": step_s, "rollout_s": rollout_s}, warmup) | {
+        "peak_gib": common.peak_gib(),
         "mismatch": mismatch,
         "versions": f"jax {jax.__version__}, "
         f"google-tunix {importlib.metadata.version('google-tunix')}",
     }
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def _commit() -> str:
@@ -225,13 +176,12 @@ def main(argv=None) -> None:
     a = p.parse_args(argv)
     if a.worker:
         arm, size = a.worker.split("@")
-        print(RESULT + json.dumps(worker(arm, size, a.warmup, a.steps, a.seed)), flush=True)
-        return
+        return common.run_worker(worker, arm, size, a.warmup, a.steps, a.seed)
     arms, sizes = a.arms.split(","), a.sizes.split(",")
     for bad, allowed in ((set(arms) - set(ARMS), ARMS), (set(sizes) - set(SIZES), SIZES)):
         if bad:
             p.error(f"unknown {sorted(bad)}; allowed: {list(allowed)}")
-    print(f"CPU: {_cpu_model()}; python {platform.python_version()}; commit {_commit()}")
+    print(f"{common.host_line()}; commit {_commit()}")
     print(f"{PROMPTS} prompts x {GROUP} = {PROMPTS * GROUP} rows, {PROMPT_LEN} + {NEW_TOKENS} ids")
     for size in sizes:
         rows: dict[str, list[dict]] = {arm: [] for arm in arms}
@@ -239,11 +189,10 @@ def main(argv=None) -> None:
             for arm in arms:
                 cmd = [sys.executable, __file__, f"--worker={arm}@{size}"]
                 cmd += [f"--warmup={a.warmup}", f"--steps={a.steps}", f"--seed={a.seed}"]
-                out = subprocess.run(cmd, capture_output=True, text=True)
-                line = next((x for x in out.stdout.splitlines() if x.startswith(RESULT)), None)
-                if line is None:
-                    sys.exit(f"{arm} ({size}) failed:\n{out.stderr[-3000:]}")
-                rows[arm].append(json.loads(line[len(RESULT) :]))
+                result = common.run_child(cmd, None, timeout=None, verbose=True)
+                if "error" in result:  # the worker's stderr tail printed above
+                    sys.exit(f"{arm} ({size}) failed: {result['error']}")
+                rows[arm].append(result)
             base = rows[arms[0]][r]["step_s"]
             ratios = ", ".join(f"{arm} {rows[arm][r]['step_s'] / base:.2f}x" for arm in arms)
             print(f"[{size}] round {r + 1}: step time / {arms[0]}'s: {ratios}")

