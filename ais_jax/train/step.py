@@ -401,7 +401,7 @@ class Estimator:
     `diffusion.ESTIMATOR` (LLaDA's diffu-GRPO); `run.ESTIMATORS` is the table by kind.
 
     kind                      the `Family.kind` it trains
-    generate_phase(mesh, config, weights, dtype, cfg, eos_ids, pad_id)
+    generate_phase(mesh, config, weights, *, dtype, cfg, eos_ids, pad_id)
         -> generate(params, prompts, prompt_mask, key, temperature, top_k, top_p,
                     prompt_group=1)           jitted; ``top_k = 1`` is greedy
     score_phase(mesh, config, dtype, weights) -> score (jitted; its own signature)
