@@ -7,6 +7,7 @@ import importlib
 import json
 import random
 import re
+import string
 from fractions import Fraction
 
 import pytest
@@ -213,6 +214,34 @@ def test_arithmetic_filler_noise_mixes_the_positions_letter_with_a_uniform_tail(
     own = 0.6 + 0.4 / 26
     assert abs(firsts["c"] / n - own) < 4 * (own * (1 - own) / n) ** 0.5
     assert abs((n - firsts["c"]) / n / 25 - 0.4 / 26) < 0.01 and len(firsts) == 26
+
+
+def test_arithmetic_filler_zipf_grades_each_positions_letters_by_rank():
+    """``filler_zipf=a``: position i holds the letter r places after its own with probability
+    (r + 1) ** -a / sum; checked against those frequencies at two positions (a uniform tail
+    or a rank ignoring the position would fail), with bad exponents and a clash refused."""
+    a, n = 1.5, 6000
+    task = Arithmetic(ops=("+",), slip=0.5, filler=3, filler_zipf=a)
+    weights = [(r + 1) ** -a for r in range(26)]
+    expected = [w / sum(weights) for w in weights]
+    samples = [task.sample(random.Random(s)) for s in range(n)]
+    for position in (0, 2):
+        counts = collections.Counter(ex.demonstration[position] for ex in samples)
+        for rank in (0, 1, 5, 25):
+            letter = string.ascii_lowercase[(position + rank) % 26]
+            p = expected[rank]
+            assert abs(counts[letter] / n - p) < 4.5 * (p * (1 - p) / n) ** 0.5, (position, rank)
+    assert all(ex.demonstration[:3].isalpha() and ex.demonstration[3] == " " for ex in samples)
+    ex = samples[0]
+    assert task.reward(ex, ex.demonstration[:4] + ex.answer) == 1.0
+    assert Arithmetic(filler=0, filler_zipf=a).sample(random.Random(3)) == Arithmetic(
+        filler_zipf=a
+    ).sample(random.Random(3))
+    for bad in (-1.0, True, "1", float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=r"filler_zipf must be an exponent in \[0, 1000\)"):
+            Arithmetic(filler=3, filler_zipf=bad)
+    with pytest.raises(ValueError, match="filler_zipf=1.5 replaces filler_noise; .* got 0.5"):
+        Arithmetic(filler=3, filler_zipf=1.5, filler_noise=0.5)
 
 
 def test_arithmetic_one_digit_covers_zero():

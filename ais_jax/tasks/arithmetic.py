@@ -33,7 +33,11 @@ response does. Letter ``i`` is the ``i``-th of the alphabet (cycling) with proba
 ``1 - filler_noise`` and otherwise uniform among all 26, so a warm start learns a likely letter
 and a tail of unlikely ones at each position (``filler_noise=1``: all uniform). A rollout's
 log-prob error grows with how far below the top a sampled token's logit lies, so sampling from
-such tails is what makes a real model's FP8 mismatch (issue 47, docs/results.md). The letters
+such tails is what makes a real model's FP8 mismatch (issue 47, docs/results.md). ``filler_zipf``
+(an exponent ``a > 0``, in place of ``filler_noise``) grades the tail as a real vocabulary's is:
+position i holds the letter ``r`` places after its own (cycling) with probability proportional
+to ``(r + 1) ** -a``, so every letter has its own logit, ``log 26 * a`` nats below the top at the
+bottom (``a = 1.5``: entropy 2.07 nats, 39% of the letters drawn with p < 0.1). The letters
 never hold a digit, so the reward reads the same answer.
 
 ``instruction`` gives each example chat ``messages`` too: one user message, ``"What is 47 +
@@ -52,6 +56,7 @@ leading zeros, so an absurdly long response cannot trip Python's int-parsing lim
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 import re
 import string
@@ -86,6 +91,7 @@ class Arithmetic:
     instruction: str | None = None
     filler: int = 0
     filler_noise: float = 1.0
+    filler_zipf: float = 0.0
 
     def __post_init__(self):
         object.__setattr__(self, "ops", tuple(self.ops))
@@ -105,6 +111,14 @@ class Arithmetic:
         if not (isinstance(self.filler_noise, int | float) and 0.0 <= self.filler_noise <= 1.0):
             raise ValueError(
                 f"filler_noise must be a probability in [0, 1], got {self.filler_noise!r}"
+            )
+        zipf = self.filler_zipf
+        if isinstance(zipf, bool) or not isinstance(zipf, int | float) or not 0.0 <= zipf < 1e3:
+            raise ValueError(f"filler_zipf must be an exponent in [0, 1000), got {zipf!r}")
+        if zipf > 0 and self.filler_noise != 1.0:
+            raise ValueError(
+                f"filler_zipf={zipf!r} replaces filler_noise; leave filler_noise at 1.0, got "
+                f"{self.filler_noise!r}"
             )
         if self.instruction is not None and not isinstance(self.instruction, str):
             raise ValueError(f"instruction must be a string or None, got {self.instruction!r}")
@@ -126,7 +140,12 @@ class Arithmetic:
             steps, shown = {"+": _add_steps, "-": _sub_steps}[op](a, b, slips)
         demonstration = "\n".join([*steps, f"={shown}"]) if self.show_work else str(shown)
         if self.filler:
-            letters = "".join(_filler_letter(i, rng, self.filler_noise) for i in range(self.filler))
+            letter = (
+                functools.partial(_zipf_letter, weights=_zipf_weights(self.filler_zipf))
+                if self.filler_zipf > 0
+                else functools.partial(_filler_letter, noise=self.filler_noise)
+            )
+            letters = "".join(letter(i, rng) for i in range(self.filler))
             demonstration = f"{letters} {demonstration}"
         messages = None
         if self.instruction is not None:
@@ -158,6 +177,17 @@ def _filler_letter(i: int, rng: random.Random, noise: float) -> str:
     if rng.random() < noise:
         return rng.choice(string.ascii_lowercase)
     return string.ascii_lowercase[i % 26]
+
+
+@functools.cache
+def _zipf_weights(exponent: float) -> tuple[float, ...]:
+    return tuple((rank + 1) ** -exponent for rank in range(26))
+
+
+def _zipf_letter(i: int, rng: random.Random, weights: tuple[float, ...]) -> str:
+    """The letter ``r`` places after the ``i``-th (cycling), ``r`` drawn with ``weights[r]``."""
+    (rank,) = rng.choices(range(26), weights=weights)
+    return string.ascii_lowercase[(i + rank) % 26]
 
 
 def final_integer(response: str) -> str | None:
