@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import dataclasses
+import doctest
 import json
 import logging
 import math
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import scipy.stats
 from training_run import TINY_RUN
 
 from ais_jax.analysis import stats
@@ -164,6 +166,28 @@ def test_worked_example():
         stats.mean_ci([])
 
 
+def test_stats_docstring_examples():
+    results = doctest.testmod(stats)
+    assert results.attempted >= 8 and results.failed == 0
+
+
+def test_minimum_detectable_difference_has_the_power_it_claims():
+    """At the returned difference, simulated paired t-tests over n seeds reject at the stated
+    power (a normal approximation, z instead of t, would claim 8 seeds detect 0.99 s, where the
+    power is 0.68); zero spread detects anything, one seed nothing."""
+    rng = np.random.default_rng(0)
+    for n, power in ((8, 0.8), (4, 0.5)):
+        mde = stats.minimum_detectable_difference(2.0, n, power=power)
+        d_RN = rng.normal(mde, 2.0, size=(20000, n))
+        rejected = scipy.stats.ttest_1samp(d_RN, 0.0, axis=1).pvalue < 0.05
+        assert abs(rejected.mean() - power) < 0.012, (n, power, rejected.mean())
+    assert stats.minimum_detectable_difference(0.0, 8) == 0.0
+    assert math.isnan(stats.minimum_detectable_difference(1.0, 1))
+    assert math.isnan(stats.minimum_detectable_difference(math.nan, 8))
+    with pytest.raises(ValueError, match="power=1.0 must be in"):
+        stats.minimum_detectable_difference(1.0, 8, power=1.0)
+
+
 def test_area_under_curve():
     steps, values = [0, 10, 30], [0.5, 0.7, 0.6]
     # (10 * (0.5 + 0.7) / 2 + 20 * (0.7 + 0.6) / 2) / 30
@@ -177,6 +201,82 @@ def test_area_under_curve():
     assert stats.area_under_curve([3], [0.4]) == 0.4
     with pytest.raises(ValueError, match="strictly increasing"):
         stats.area_under_curve([0, 0], [1.0, 1.0])
+
+
+def _fake_records(arms, seeds: int, rng) -> dict[str, list[dict]]:
+    """Per-seed records as `_run_record` writes them, with a seed effect shared by every arm."""
+    seed_effect = rng.normal(0.6, 0.1, seeds)
+    runs = {}
+    for k, arm in enumerate(arms):
+        runs[arm.name] = [
+            {
+                "seed": s,
+                "final/accuracy": float(seed_effect[s] + 0.01 * k + rng.normal(0, 0.02)),
+                "final/sampled_accuracy": float(seed_effect[s] + rng.normal(0, 0.02)),
+                "auc/accuracy": float(seed_effect[s] - 0.1 + rng.normal(0, 0.02)),
+                "start/accuracy": 0.5,
+                "start/sampled_accuracy": 0.4,
+                "ess/mean": 0.9,
+                "ess/min": 0.8,
+                "ess/first": float(0.95 - 0.01 * k + rng.normal(0, 0.003)),
+                "ess/last": float(0.9 - 0.01 * k + rng.normal(0, 0.003)),
+                "alpha/mean": 0.5,
+                "mismatch/mean": 0.1,
+                "entropy/mean": 0.3,
+                "reward/mean": 0.5,
+                "eval_steps": [0, 10],
+            }
+            for s in range(seeds)
+        ]
+    return runs
+
+
+def test_contrasts_within_a_format_with_their_detectable_difference():
+    """Every later arm of a format minus each earlier one is paired seed by seed (fp8+ais minus
+    fp8+tis among them, never across formats or against the reference); each difference
+    carries the smallest one its design detects, from the spread of its own per-seed
+    differences; results.md shows them and the ESS of the first and last tenth of training."""
+    arms = compare.parse_arms("bf16,fp8,fp8+tis,fp8+ais,fp4")
+    runs = _fake_records(arms, 8, np.random.default_rng(0))
+    got = compare.summarize(runs, arms)
+    assert list(got["contrasts"]) == ["fp8+tis - fp8", "fp8+ais - fp8", "fp8+ais - fp8+tis"]
+    assert list(got["paired"]) == ["fp8", "fp8+tis", "fp8+ais", "fp4"]
+    key = "final/accuracy"
+    d_N = np.array([a[key] - b[key] for a, b in zip(runs["fp8+ais"], runs["fp8+tis"], strict=True)])
+    c = got["contrasts"]["fp8+ais - fp8+tis"][key]
+    np.testing.assert_allclose(c["values"], d_N, atol=1e-15)
+    assert c["mean"] == pytest.approx(d_N.mean(), abs=1e-15)
+    assert c["detectable"] == pytest.approx(
+        stats.minimum_detectable_difference(d_N.std(ddof=1), 8, power=0.8), rel=1e-12
+    )
+    other = got["paired"]["fp4"][key]["detectable"]
+    assert other != pytest.approx(c["detectable"], rel=1e-3)  # each pair its own spread
+    results = {
+        "config": CFG.to_dict(),
+        "arms": [dataclasses.asdict(a) for a in arms],
+        "reference": "bf16",
+        "seeds": list(range(8)),
+        "confidence": 0.95,
+        "start": {"all": {"source": "sft", "sft_seed": 0}},
+        "runs": runs,
+        **got,
+        "provenance": {
+            "versions": {"jax": "x", "jaxlib": "x"},
+            "commit": "c",
+            "device_count": 1,
+            "device_kind": "cpu",
+            "platform": "cpu",
+            "cpu": "cpu",
+        },
+    }
+    table = compare.format_results(results)
+    row = next(line for line in table.splitlines() if line.startswith("| fp8+ais - fp8+tis |"))
+    assert f"{100 * d_N.mean():+.1f} [" in row and f"| {100 * c['detectable']:.1f} |" in row
+    assert "power 0.8" in table
+    ess = next(line for line in table.splitlines() if line.startswith("| fp8+tis | 0.9"))
+    first = np.mean([r["ess/first"] for r in runs["fp8+tis"]])
+    last = np.mean([r["ess/last"] for r in runs["fp8+tis"]])
+    assert f"| {first:.4f} [" in ess and f"| {last - first:+.4f} [" in ess
 
 
 # ---- a tiny comparison --------------------------------------------------------------------------
@@ -255,6 +355,11 @@ def _check_outputs(out: Path, table: str) -> None:
         assert [row["step"] for row in rows] == r["eval_steps"] == [0, 3]
         assert r["auc/accuracy"] == pytest.approx(np.mean([x["eval/accuracy"] for x in rows]))
         assert 0 < r["ess/min"] <= r["ess/mean"] <= 1 and r["mismatch/mean"] > 0
+        steps = [
+            json.loads(x) for x in (out / "fp4_ais" / f"seed{r['seed']}" / "metrics.jsonl").open()
+        ]
+        ess = [x["ais/ess_ratio_truncated"] for x in steps if "ais/ess_ratio_truncated" in x]
+        assert len(ess) == 3 and (r["ess/first"], r["ess/last"]) == (ess[0], ess[-1])
     assert "reference arm **bf16**" in table and "| fp4+ais | float4_e2m1fn | ais |" in table
     assert "seed 3" in table and "seed 4" in table and "jax " in table.splitlines()[-1]
 

@@ -31,7 +31,11 @@ Design, so that arm differences are differences of the RL phase and nothing else
 Statistics (`ais_jax.analysis.stats`): per arm, the mean over seeds with a 95% t-interval; per arm
 against the reference arm (the first listed: bf16 by default), the paired difference over seeds
 with a 95% t-interval, for the final greedy and sampled accuracy and the greedy-accuracy area
-under the curve over training (`stats.area_under_curve`, the time-averaged accuracy).
+under the curve over training (`stats.area_under_curve`, the time-averaged accuracy). The same
+paired differences within each rollout format (`contrast_pairs`: ``fp8+ais - fp8+tis``,
+``fp8+tis - fp8``, ...). Each difference states the smallest true difference its design detects
+(`stats.minimum_detectable_difference`, power 0.8, from the spread of its per-seed
+differences), and each arm the token ESS of the first and the last tenth of its RL steps.
 
 Outputs under ``out/``:
 
@@ -78,6 +82,7 @@ __all__ = [
     "FORMATS",
     "METHODS",
     "Arm",
+    "contrast_pairs",
     "format_results",
     "load_params",
     "params_digest",
@@ -85,6 +90,7 @@ __all__ = [
     "parse_arms",
     "run_comparison",
     "save_params",
+    "summarize",
     "start_from_checkpoint",
 ]
 
@@ -104,6 +110,7 @@ ACT_SCALING = {"fp8tok": "token"}
 METHODS = ("tis", "ais", "mis")
 DEFAULT_ARMS = "bf16,fp8,fp4,fp4+tis,fp4+ais,fp4+mis"
 CONFIDENCE = 0.95
+POWER = 0.8  # of the smallest detectable difference each paired table states
 # per-seed values compared against the reference arm
 PAIRED = {
     "final/accuracy": "final greedy acc.",
@@ -149,6 +156,22 @@ class Arm:
         )
 
 
+def contrast_pairs(arms: Sequence[Arm]) -> list[tuple[str, str]]:
+    """The paired contrasts within one rollout format: every arm minus each arm of the same
+    format listed before it, the reference arm excluded (its pairs are the main table's).
+
+    >>> contrast_pairs(parse_arms("bf16,fp8,fp8+tis,fp8+ais,fp4"))
+    [('fp8+tis', 'fp8'), ('fp8+ais', 'fp8'), ('fp8+ais', 'fp8+tis')]
+    """
+    rest = list(arms[1:])
+    return [
+        (a.name, b.name)
+        for i, a in enumerate(rest)
+        for b in rest[:i]
+        if a.name.partition("+")[0] == b.name.partition("+")[0]
+    ]
+
+
 def _grammar() -> str:
     return (
         f"an arm is FORMAT or FORMAT+METHOD with FORMAT one of {list(FORMATS)} and METHOD one "
@@ -160,7 +183,7 @@ def parse_arm(text: str) -> Arm:
     """``"fp4+ais"`` -> ``Arm("fp4+ais", "float4_e2m1fn", "ais")``; ``"fp8"`` -> method none.
 
     >>> parse_arm("fp8")
-    Arm(name='fp8', format='float8_e4m3fn', method='none')
+    Arm(name='fp8', format='float8_e4m3fn', method='none', act_scaling=None)
     """
     name = text.strip().lower()
     fmt, plus, method = name.partition("+")
@@ -499,6 +522,11 @@ def _mean(rows: list[dict], key: str, reduce=np.mean) -> float:
     return float(reduce(values)) if values else math.nan
 
 
+def _tenth(rows: list) -> int:
+    """How many steps "the first / last tenth of training" is: at least one."""
+    return max(1, len(rows) // 10)
+
+
 def _eval_rows(run_dir: Path) -> list[dict]:
     rows = {r["step"]: r for r in read_metrics(run_dir / "eval.jsonl")}  # last row of a step
     return [rows[s] for s in sorted(rows)]
@@ -527,6 +555,8 @@ def _run_record(run_dir: Path, seed: int) -> dict[str, Any]:
         ),
         "ess/mean": _mean(rows, "ais/ess_ratio_truncated"),
         "ess/min": _mean(rows, "ais/ess_ratio_truncated", np.min),
+        "ess/first": _mean(rows[: _tenth(rows)], "ais/ess_ratio_truncated"),
+        "ess/last": _mean(rows[-_tenth(rows) :], "ais/ess_ratio_truncated"),
         "alpha/mean": _mean(rows, "ais/alpha"),
         "mismatch/mean": _mean(rows, "ais/mismatch"),
         "entropy/mean": _mean(rows, "policy/entropy"),
@@ -542,32 +572,46 @@ def _collect(cfg, out: Path, arms: list[Arm], seeds: list[int], start_info: dict
     runs = {
         a.name: [_run_record(safe_path(out, a.dirname, f"seed{s}"), s) for s in seeds] for a in arms
     }
+    return {
+        "config": cfg.to_dict(),
+        "arms": [dataclasses.asdict(a) for a in arms],
+        "reference": arms[0].name,
+        "seeds": seeds,
+        "confidence": CONFIDENCE,
+        "start": start_info,
+        "runs": runs,
+        **summarize(runs, arms),
+        "provenance": provenance(),
+    }
+
+
+def summarize(runs: dict[str, list[dict]], arms: Sequence[Arm]) -> dict[str, Any]:
+    """The statistics of per-seed records ``runs[arm][k]`` (seed k of every arm is one pair):
+    ``summary`` (mean and interval per arm and number), ``paired`` (every arm minus the first,
+    on `PAIRED`'s numbers) and ``contrasts`` (`contrast_pairs`), each difference with the
+    smallest one the design detects at power `POWER` (``detectable``)."""
     numeric = [k for k, v in runs[arms[0].name][0].items() if isinstance(v, float)]
     summary = {
         arm: {k: stats.mean_ci([r[k] for r in records], CONFIDENCE).to_dict() for k in numeric}
         for arm, records in runs.items()
     }
-    ref = arms[0].name
-    paired = {
-        a.name: {
-            k: stats.paired_difference(
-                [r[k] for r in runs[a.name]], [r[k] for r in runs[ref]], CONFIDENCE
-            ).to_dict()
-            for k in PAIRED
-        }
-        for a in arms[1:]
-    }
+
+    def differences(a: str, b: str) -> dict[str, dict]:
+        out = {}
+        for k in PAIRED:
+            d = stats.paired_difference(
+                [r[k] for r in runs[a]], [r[k] for r in runs[b]], CONFIDENCE
+            )
+            std = d.std_error * math.sqrt(d.n)
+            mde = stats.minimum_detectable_difference(std, d.n, POWER, CONFIDENCE)
+            out[k] = {**d.to_dict(), "detectable": mde}
+        return out
+
     return {
-        "config": cfg.to_dict(),
-        "arms": [dataclasses.asdict(a) for a in arms],
-        "reference": ref,
-        "seeds": seeds,
-        "confidence": CONFIDENCE,
-        "start": start_info,
-        "runs": runs,
         "summary": summary,
-        "paired": paired,
-        "provenance": provenance(),
+        "paired": {a.name: differences(a.name, arms[0].name) for a in arms[1:]},
+        "contrasts": {f"{a} - {b}": differences(a, b) for a, b in contrast_pairs(arms)},
+        "power": POWER,
     }
 
 
@@ -662,25 +706,72 @@ def format_results(results: dict) -> str:
             f"| {_num(s['alpha/mean']['mean'], 3)} | {_num(s['mismatch/mean']['mean'], 4)} "
             f"| {_num(s['entropy/mean']['mean'], 3)} |"
         )
+    power = results.get("power")
+    detectable = (
+        f" detectable = the smallest true Δ final greedy accuracy that a two-sided paired "
+        f"t-test at level {1 - results['confidence']:.2f} finds with power {power:g}, given "
+        f"the spread of these {len(seeds)} seeds' differences."
+        if power
+        else ""
+    )
+
+    def pair_rows(title: str, pairs: dict) -> list[str]:
+        header = f"| {title} | " + " | ".join(f"Δ {v}" for v in PAIRED.values())
+        rows = [
+            header + (" | detectable" if power else "") + " | better / worse |",
+            "|---|" + "---|" * (len(PAIRED) + (2 if power else 1)),
+        ]
+        for name, diffs in pairs.items():
+            d = diffs["final/accuracy"]["values"]
+            better = sum(v is not None and v > 0 for v in d)
+            worse = sum(v is not None and v < 0 for v in d)
+            cells = " | ".join(_ci(diffs[k], sign=True) for k in PAIRED)
+            if power:
+                mde = diffs["final/accuracy"].get("detectable")
+                cells += f" | {_num(None if mde is None else 100 * mde, 1)}"
+            rows.append(f"| {name} | {cells} | {better} / {worse} |")
+        return rows
+
     if results["paired"]:
         lines += [
             "",
             f"Paired differences against the reference arm **{ref}** (the first arm listed): "
             f"arm minus {ref} on the same seed, in percentage points, mean over seeds "
             f"[{pct}% t-interval]; better / worse = seeds where the arm's final greedy accuracy "
-            f"is above / below {ref}'s.",
+            f"is above / below {ref}'s;{detectable}",
             "",
-            f"| arm − {ref} | "
-            + " | ".join(f"Δ {v}" for v in PAIRED.values())
-            + " | better / worse |",
-            "|---|" + "---|" * (len(PAIRED) + 1),
+            *pair_rows(f"arm − {ref}", results["paired"]),
         ]
-        for name, diffs in results["paired"].items():
-            d = diffs["final/accuracy"]["values"]
-            better = sum(v is not None and v > 0 for v in d)
-            worse = sum(v is not None and v < 0 for v in d)
-            cells = " | ".join(_ci(diffs[k], sign=True) for k in PAIRED)
-            lines.append(f"| {name} | {cells} | {better} / {worse} |")
+    if results.get("contrasts"):
+        lines += [
+            "",
+            "Paired differences within a rollout format (each arm minus each arm of the same "
+            "format listed before it), as above:",
+            "",
+            *pair_rows("contrast", results["contrasts"]),
+        ]
+    if all("ess/first" in r for records in results["runs"].values() for r in records):
+        lines += [
+            "",
+            "Token ESS ratio (truncated) over training: mean over the first and the last tenth "
+            f"of the RL steps [{pct}% t-interval over seeds]:",
+            "",
+            "| arm | first tenth | last tenth | last − first |",
+            "|---|---|---|---|",
+        ]
+        for arm in arms:
+            records = results["runs"][arm["name"]]
+            first = [r["ess/first"] for r in records]
+            last = [r["ess/last"] for r in records]
+            if any(v is None or not math.isfinite(v) for v in first + last):
+                continue
+            cells = [stats.mean_ci(x, results["confidence"]).to_dict() for x in (first, last)] + [
+                stats.paired_difference(last, first, results["confidence"]).to_dict()
+            ]
+            lines.append(
+                f"| {arm['name']} | {_ci(cells[0], 1, 4)} | {_ci(cells[1], 1, 4)} "
+                f"| {_ci(cells[2], 1, 4, sign=True)} |"
+            )
     lines += [
         "",
         "Every seed (final greedy / final sampled / greedy AUC, %):",
