@@ -60,8 +60,10 @@ ratio r_t = exp(d_t), w_bar_t = min(r_t, C) and w_t the weight the correction ap
 | `mismatch/ess_ratio_raw`  | (sum r)^2 / (n sum r^2) = 1 / (1 + cv0(r)^2):       | mean   |
 |                           | Kish's ESS / n of the raw ratios (cv0: ddof = 0)    |        |
 | `mismatch/frac_outside`   | fraction of tokens with r_t outside [1/C, C]        | mean   |
+| `mismatch/seq_ess_ratio_raw` | the same Kish ratio of R_b = exp(sum_t d_bt), one | mean   |
+|                           | per response (rows without a valid token left out)  |        |
 
-With n = 0, means are 0 and `ais/alpha_ess`, `ais/degenerate`, both ESS ratios and
+With n = 0, means are 0 and `ais/alpha_ess`, `ais/degenerate`, the three ESS ratios and
 `mismatch/ratio_max` are 1.
 
 The two ESS ratios are different quantities and named apart: `ais/ess_ratio_truncated` is the
@@ -180,6 +182,12 @@ def _mismatch(log_ratio_BT: jax.Array, valid_BT: jax.Array, clip: float) -> Metr
     sum_w, sum_w2 = jnp.sum(ratio_BT), jnp.sum(ratio_BT**2)
     ess_ratio = jnp.where(n > 0, sum_w**2 / jnp.maximum(n * sum_w2, 1e-30), 1.0)
     outside_BT = jnp.abs(log_ratio_BT) > math.log(clip)
+    # per response: R_b = exp(s_b), Kish's ratio (sum R)^2 / (m sum R^2) in log space
+    rows_B = jnp.any(valid_BT, axis=1)
+    s_B = jnp.where(rows_B, jnp.sum(jnp.where(valid_BT, log_ratio_BT, 0.0), axis=1), -jnp.inf)
+    m = jnp.sum(rows_B, dtype=jnp.float32)
+    log_seq_ess = 2.0 * jax.nn.logsumexp(s_B) - jax.nn.logsumexp(2.0 * s_B) - jnp.log(m)
+    seq_ess_ratio = jnp.where(m > 0, jnp.exp(jnp.where(m > 0, log_seq_ess, 0.0)), 1.0)
     return {
         "mismatch/mean_abs": _mean(jnp.abs(log_ratio_BT), valid_BT),
         "mismatch/k1": _mean(-log_ratio_BT, valid_BT),
@@ -187,6 +195,7 @@ def _mismatch(log_ratio_BT: jax.Array, valid_BT: jax.Array, clip: float) -> Metr
         "mismatch/ratio_max": jnp.where(n > 0, jnp.max(ratio_BT), 1.0),
         "mismatch/ess_ratio_raw": ess_ratio,
         "mismatch/frac_outside": _mean(outside_BT.astype(jnp.float32), valid_BT),
+        "mismatch/seq_ess_ratio_raw": seq_ess_ratio,
     }
 
 
@@ -243,8 +252,11 @@ def mismatch_metrics(logp_train_BT, logp_rollout_BT, mask_BT, *, clip: float = 5
     - `mismatch/ratio_max`: max r_t.
     - `mismatch/ess_ratio_raw`: (sum r)^2 / (n * sum r^2) on the raw (untruncated) ratio.
     - `mismatch/frac_outside`: fraction of tokens with r_t outside [1/clip, clip].
+    - `mismatch/seq_ess_ratio_raw`: (sum R)^2 / (m * sum R^2) of the m responses' ratios
+      R_b = exp(sum_t d_bt) (rows with no valid token left out): the ESS of a sequence-level
+      correction, which falls with the response length where the token ESS does not.
 
-    With no valid token: means are 0 and ratio_max, ess_ratio_raw are 1.
+    With no valid token: means are 0 and ratio_max and both ESS ratios are 1.
 
     >>> m = mismatch_metrics(jnp.log(jnp.array([[0.5, 2.0]])), jnp.zeros((1, 2)), jnp.ones((1, 2)))
     >>> round(float(m["mismatch/mean_abs"]), 3), round(float(m["mismatch/ess_ratio_raw"]), 3)

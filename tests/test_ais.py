@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import references
 from hypothesis import strategies as st
+from scipy.special import logsumexp
 
 from ais_jax import ais, checks, grpo
 
@@ -34,6 +35,7 @@ EXPECTED_KEYS = {
     "mismatch/ratio_max",
     "mismatch/ess_ratio_raw",
     "mismatch/frac_outside",
+    "mismatch/seq_ess_ratio_raw",
 }
 FACTORIES = {
     "uncorrected": ais.uncorrected,
@@ -275,6 +277,31 @@ def test_hand_checked_levels_and_mismatch_metrics():
     assert float(m["mismatch/ratio_max"]) == pytest.approx(3.0, rel=1e-6)
     assert float(m["mismatch/ess_ratio_raw"]) == pytest.approx(r.sum() ** 2 / (3 * (r**2).sum()))
     assert float(m["mismatch/frac_outside"]) == pytest.approx(2 / 3)
+
+
+def test_sequence_ess_is_kish_over_responses_and_stable_in_float32():
+    """`mismatch/seq_ess_ratio_raw` is Kish's ratio of R_b = exp(sum_t d_bt) over the rows with
+    a valid token (a masked row, or masked tokens of a row, change nothing), in log space: sums
+    of +-60 nats, whose exp overflows float32, give the float64 answer."""
+    rng = np.random.default_rng(0)
+    d_BT = rng.normal(0.0, 0.4, (5, 7)).astype(np.float32)
+    mask_BT = (rng.uniform(size=(5, 7)) < 0.7).astype(np.float32)
+    mask_BT[3] = 0.0
+    mask_BT[:, 0] = 1.0
+    mask_BT[3, 0] = 0.0
+    for scale in (1.0, 25.0):
+        logp_train = (scale * d_BT).astype(np.float32)
+        m = ais.mismatch_metrics(logp_train, np.zeros_like(logp_train), mask_BT, clip=2.0)
+        s_B = np.sum(np.where(mask_BT > 0, np.clip(logp_train, -20, 20), 0.0), 1, np.float64)
+        s_B = s_B[mask_BT.any(1)]
+        ref = np.exp(2 * logsumexp(s_B) - logsumexp(2 * s_B)) / len(s_B)
+        assert float(m["mismatch/seq_ess_ratio_raw"]) == pytest.approx(ref, rel=1e-5), scale
+    assert 1.0 / 4 <= ref < 0.5  # one response dominates; not the token ratio, not 1
+    junk = np.where(mask_BT > 0, logp_train, 1e3).astype(np.float32)
+    m2 = ais.mismatch_metrics(junk, np.zeros_like(junk), mask_BT, clip=2.0)
+    assert float(m2["mismatch/seq_ess_ratio_raw"]) == float(m["mismatch/seq_ess_ratio_raw"])
+    none = ais.mismatch_metrics(logp_train, np.zeros_like(logp_train), 0 * mask_BT)
+    assert float(none["mismatch/seq_ess_ratio_raw"]) == 1.0
 
 
 def test_metric_names_say_which_weights_and_estimator():

@@ -97,7 +97,7 @@ REQUIRED = """
     ais/ess_ratio_truncated ais/mismatch ais/var_ratio
     is/weight_mean is/weight_max is/clip_frac
     mismatch/k1 mismatch/k3 mismatch/mean_abs mismatch/ratio_max mismatch/ess_ratio_raw
-    mismatch/frac_outside
+    mismatch/frac_outside mismatch/seq_ess_ratio_raw
     loss/policy loss/kl loss/total loss/clip_frac_low loss/clip_frac_high loss/ratio_mean
     loss/approx_kl
     time/sync_s time/rollout_s time/reward_s time/score_s time/update_s

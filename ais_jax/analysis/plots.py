@@ -18,7 +18,7 @@ PANELS = {
     ),
     "ess.png": (
         "Effective sample size ratio",
-        ["ais/ess_ratio_truncated", "mismatch/ess_ratio_raw"],
+        ["ais/ess_ratio_truncated", "mismatch/ess_ratio_raw", "mismatch/seq_ess_ratio_raw"],
     ),
     "mismatch.png": ("Rollout vs trainer mismatch", ["ais/mismatch", "mismatch/k3"]),
 }
