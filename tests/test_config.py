@@ -4,6 +4,7 @@ dataclasses, and every bad key or value is an error that names it and says what 
 from __future__ import annotations
 
 import dataclasses
+import random
 import re
 from pathlib import Path
 
@@ -55,6 +56,23 @@ def test_quickstart_yaml_loads():
     assert isinstance(cfg.optim.learning_rate, float) and cfg.optim.learning_rate > 0
     batch = cfg.rollout.prompts_per_step * cfg.rollout.group_size
     assert batch % cfg.optim.minibatches == 0
+
+
+@pytest.mark.parametrize(
+    "path", sorted((Path(__file__).parent.parent / "configs").glob("*.yaml")), ids=lambda p: p.stem
+)
+def test_every_shipped_config_loads_and_builds_its_task(path):
+    """A typo in a shipped config's keys or task options fails here, not after its warm start."""
+    from ais_jax.tasks.catalog import make_task
+
+    cfg = load_config(path)
+    if "/path/to/" in str(cfg.task.options):  # a dataset the user points it at: named if absent
+        with pytest.raises(ValueError, match="'/path/to/.*' does not exist"):
+            make_task(cfg.task.name, **cfg.task.options)
+        return
+    task = make_task(cfg.task.name, **cfg.task.options)
+    example = task.sample(random.Random(0))
+    assert example.prompt and task.reward(example, example.demonstration) in (0.0, 1.0)
 
 
 def test_no_file_gives_the_defaults():
