@@ -195,6 +195,22 @@ def test_cpu_model_names_the_vector_extensions():
     assert _cpu_model_from("model name : Old CPU\nflags : fpu sse2\n") == "Old CPU (no AVX2)"
 
 
+def test_provenance_names_the_checkouts_commit(monkeypatch, tmp_path):
+    """Every summary's and comparison's commit is the checkout's HEAD, wherever the command
+    runs from (a package move once made it look for .git inside ais_jax/ and write None)."""
+    from ais_jax.io.provenance import git_commit
+
+    repo = Path(__file__).resolve().parent.parent
+    monkeypatch.chdir(tmp_path)
+    if not (repo / ".git").exists():  # an unpacked copy, not a checkout: nothing to name
+        assert git_commit() is None
+        return
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert git_commit().removesuffix("+dirty") == head
+
+
 def test_runs_with_equal_settings_share_compiled_phases(tmp_path):
     """Arms and seeds of a comparison reuse one jitted program per phase: a second `Run` with
     the same settings gets the very same jitted callables (so nothing recompiles), a different

@@ -57,7 +57,7 @@ def _cpu_model_from(cpuinfo: str) -> str:
 def git_commit() -> str | None:
     """The commit of the ais_jax source tree (with ``+dirty`` for local changes), or None
     when the package is not run from a git checkout."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]  # ais_jax/io/provenance.py -> the checkout
     if not (root / ".git").exists():
         return None
     try:
