@@ -708,11 +708,11 @@ def format_results(results: dict) -> str:
         )
     power = results.get("power")
     detectable = (
-        f" detectable = the smallest true Δ final greedy accuracy that a two-sided paired "
+        f"; detectable = the smallest true Δ final greedy accuracy that a two-sided paired "
         f"t-test at level {1 - results['confidence']:.2f} finds with power {power:g}, given "
         f"the spread of these {len(seeds)} seeds' differences."
         if power
-        else ""
+        else "."
     )
 
     def pair_rows(title: str, pairs: dict) -> list[str]:
@@ -738,7 +738,7 @@ def format_results(results: dict) -> str:
             f"Paired differences against the reference arm **{ref}** (the first arm listed): "
             f"arm minus {ref} on the same seed, in percentage points, mean over seeds "
             f"[{pct}% t-interval]; better / worse = seeds where the arm's final greedy accuracy "
-            f"is above / below {ref}'s;{detectable}",
+            f"is above / below {ref}'s{detectable}",
             "",
             *pair_rows(f"arm − {ref}", results["paired"]),
         ]

@@ -37,8 +37,9 @@ such tails is what makes a real model's FP8 mismatch (issue 47, docs/results.md)
 (an exponent ``a > 0``, in place of ``filler_noise``) grades the tail as a real vocabulary's is:
 position i holds the letter ``r`` places after its own (cycling) with probability proportional
 to ``(r + 1) ** -a``, so every letter has its own logit, ``log 26 * a`` nats below the top at the
-bottom (``a = 1.5``: entropy 2.07 nats, 39% of the letters drawn with p < 0.1). The letters
-never hold a digit, so the reward reads the same answer.
+bottom (``a = 1.5``: entropy 2.07 nats, 39% of the letters drawn with p < 0.1). On the toy
+neither tail raises the FP8 mismatch much (measured: docs/results.md). The letters never hold a
+digit, so the reward reads the same answer.
 
 ``instruction`` gives each example chat ``messages`` too: one user message, ``"What is 47 +
 385? "`` followed by the instruction, which a tokenizer with a chat template (an
