@@ -240,20 +240,12 @@ def medians(times: dict[str, list[float]], warmup: int) -> dict[str, float]:
 
 
 def peak_gib() -> float:
-    """The process's peak resident memory in GiB: the weights as loaded, compiles and every
-    call's buffers included. Linux's ``VmHWM`` (the high-water mark of this program's memory
-    since its exec); not ``ru_maxrss``, which keeps the peak of the parent's memory that the
-    child shared before its exec (sampler.py's 1 GiB bandwidth buffers); elsewhere
-    ``ru_maxrss``."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 2**20  # kB
-    except OSError:
-        pass
-    import resource
+    """The process's peak resident memory in GiB (`ais_jax.io.provenance.host_peak_gib`,
+    ``VmHWM``: weights, compiles and every call's buffers; a module of the standard library
+    alone)."""
+    from ais_jax.io.provenance import host_peak_gib
 
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    return host_peak_gib()
 
 
 def cpu_model() -> str:

@@ -95,12 +95,10 @@ def _prompt_ids(vocab: int, n: int, seed: int):
 
 def _jax_device_peak() -> dict:
     """``device_peak_gib``: the accelerator's peak bytes in use (JAX's allocator), off CPU."""
-    import jax
+    from ais_jax.io.provenance import device_peak_gib
 
-    if jax.default_backend() == "cpu":
-        return {}
-    stats = jax.devices()[0].memory_stats() or {}
-    return {"device_peak_gib": stats.get("peak_bytes_in_use", float("nan")) / 2**30}
+    peak = device_peak_gib()
+    return {} if peak is None else {"device_peak_gib": peak}
 
 
 def _summary(times: dict[str, list[float]], warmup: int) -> dict:

@@ -244,6 +244,12 @@ def test_sigkill_at_random_phases_then_resume_is_bitwise_the_uninterrupted_run(
 
     strip = lambda r: {k: v for k, v in r.items() if not k.startswith("time/")}  # noqa: E731
     assert [strip(r) for r in read_rows(out)] == [strip(r) for r in ref_rows]
+    # a run killed before its end wrote no summary: the start's accuracy comes from eval.jsonl
+    got_summary, ref_summary = (
+        json.loads((d / "summary.json").read_text()) for d in (out, reference)
+    )
+    start = {k: v for k, v in ref_summary.items() if k.startswith("initial/")}
+    assert start and {k: got_summary.get(k) for k in start} == start
     got, want = train_state(cfg, out, cfg.steps), train_state(cfg, reference, cfg.steps)
     flat_got, tree_got = jax.tree_util.tree_flatten(got)
     flat_want, tree_want = jax.tree_util.tree_flatten(want)
@@ -1497,7 +1503,11 @@ def test_torn_last_lines_and_a_missing_newest_checkpoint_resume_cleanly(
     assert f"{out / 'summary.json'} is not readable JSON" in proc.stderr
     assert [r["step"] for r in strict_rows(out / "metrics.jsonl")] == [1, 2, 3, 4]
     assert [r["step"] for r in strict_rows(out / "eval.jsonl")] == [0, 2, 4]
-    assert strict_loads((out / "summary.json").read_text())["steps"] == 4
+    summary = strict_loads((out / "summary.json").read_text())
+    assert summary["steps"] == 4
+    start = strict_rows(out / "eval.jsonl")[0]  # the start's accuracy outlives its summary
+    assert summary["initial/eval/accuracy"] == start["eval/accuracy"]
+    assert f"its accuracy is taken from {out / 'eval.jsonl'}" in proc.stderr
 
 
 @pytest.mark.slow

@@ -174,6 +174,13 @@ def test_arm_writes_outputs(arm_run, name):
     ):
         assert math.isfinite(summary[key]), key
     assert summary["eval/examples"] == cfg.task.eval_examples
+    step_s = [
+        sum(r[f"time/{p}_s"] for p in ("rollout", "score", "update", "reward", "sync"))
+        for r in rows
+    ]
+    assert summary["time/step_s_median"] == pytest.approx(float(np.median(step_s[1:])))
+    assert 0.2 < summary["memory/host_peak_gib"] < 24  # GiB: jaxlib alone takes 0.2
+    assert summary["memory/device_peak_gib"] is None  # CPU: the arrays are host memory
     assert Checkpointer(out / "checkpoints").steps() == [0, cfg.steps]
     evals = [json.loads(line) for line in (out / "eval.jsonl").read_text().splitlines()]
     assert [r["step"] for r in evals] == [0, cfg.steps]
@@ -182,6 +189,19 @@ def test_arm_writes_outputs(arm_run, name):
     prov = summary["provenance"]
     assert prov["versions"]["jax"] == jax.__version__ and prov["device_count"] == 1
     assert prov["cpu"] and prov["python"]
+
+
+def test_host_peak_gib_is_the_high_water_mark_in_gib():
+    """A fresh interpreter's peak rises by the 512 MiB it touches and stays there once they are
+    freed: it is the high-water mark (not the current size), in GiB (not kB or bytes)."""
+    code = (
+        "import numpy as np; from ais_jax.io.provenance import host_peak_gib as p\n"
+        "a = p(); x = np.ones(2**26); b = p(); del x; c = p(); print(a, b, c)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    before, touched, freed = map(float, out.stdout.split())
+    assert 0.45 < touched - before < 0.6, (before, touched)
+    assert freed > touched - 0.01  # the current size (VmRSS) would fall back by 0.5
 
 
 def test_cpu_model_names_the_vector_extensions():

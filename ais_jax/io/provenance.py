@@ -1,4 +1,5 @@
-"""What a result ran on: library versions, the CPU, the devices and the code's commit.
+"""What a result ran on: library versions, the CPU, the devices and the code's commit, and
+the peak memory it took.
 
 Training results move with the build: the same seed and data give another SFT loss under
 jaxlib 0.10.0 than under 0.10.2, because XLA fuses and sums in another order. Every
@@ -15,7 +16,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PACKAGES", "cpu_model", "git_commit", "provenance"]
+__all__ = ["PACKAGES", "cpu_model", "device_peak_gib", "git_commit", "host_peak_gib", "provenance"]
 
 PACKAGES = (
     "jax",
@@ -69,6 +70,33 @@ def git_commit() -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return commit + ("+dirty" if dirty else "")
+
+
+def host_peak_gib() -> float:
+    """This process's peak resident memory in GiB: weights, compiles and every call's buffers.
+    Linux's ``VmHWM`` (the high-water mark since this program's exec); not ``ru_maxrss``, which
+    keeps the peak of the memory a child shared with its parent before its exec; elsewhere
+    ``ru_maxrss``."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 2**20  # kB
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def device_peak_gib() -> float | None:
+    """The first accelerator's peak bytes in use (JAX's allocator) in GiB; None on CPU, whose
+    arrays are in `host_peak_gib`, or where the backend keeps no statistics."""
+    import jax
+
+    if jax.default_backend() == "cpu":
+        return None
+    peak = (jax.devices()[0].memory_stats() or {}).get("peak_bytes_in_use")
+    return None if peak is None else peak / 2**30
 
 
 def provenance() -> dict[str, Any]:

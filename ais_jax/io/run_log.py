@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from ais_jax.io.paths import dumps_strict, safe_path, write_atomic, write_json
+from ais_jax.io.provenance import device_peak_gib, host_peak_gib
 
 __all__ = [
     "EventWriter",
@@ -101,9 +102,11 @@ class RunLog:
 
     def finish(self, summary: dict[str, Any], provenance: dict, *, resume: bool) -> dict:
         """Write summary.json: ``summary`` plus reward at the start and end of RL (mean of the
-        first and last `SUMMARY_WINDOW` steps, at most half the run) and time per phase, from
-        metrics.jsonl, and ``provenance``; a resumed run keeps its first summary's start
-        entries. And the plots of metrics.jsonl."""
+        first and last `SUMMARY_WINDOW` steps, at most half the run), time per phase and the
+        median step (its first step, which compiles, left out), from metrics.jsonl; this
+        process's peak host memory and, off CPU, the accelerator's (a resumed run's are those of
+        the process that finished it); and ``provenance``. A resumed run keeps its first
+        summary's start entries. And the plots of metrics.jsonl."""
         from ais_jax.analysis.plots import plot_run
 
         text = self.metrics.read_text() if self.metrics.exists() else ""
@@ -113,17 +116,42 @@ class RunLog:
             window = max(1, min(SUMMARY_WINDOW, len(rows) // 2))  # single steps are noisy
             summary["reward/first"] = float(np.mean([r["reward/mean"] for r in rows[:window]]))
             summary["reward/last"] = float(np.mean([r["reward/mean"] for r in rows[-window:]]))
-            for phase in ("rollout", "score", "update", "reward", "sync"):
+            phases = ("rollout", "score", "update", "reward", "sync")
+            for phase in phases:
                 summary[f"time/{phase}_s_total"] = sum(r[f"time/{phase}_s"] for r in rows)
+            step_s = [sum(r[f"time/{phase}_s"] for phase in phases) for r in rows]
+            summary["time/step_s_median"] = float(np.median(step_s[1:] or step_s))
             plot_run(self.metrics, safe_path(self.out, "plots"))
+        summary["memory/host_peak_gib"] = host_peak_gib()
+        summary["memory/device_peak_gib"] = device_peak_gib()
         path = safe_path(self.out, "summary.json")
         if resume:  # the start's entries come from the run's first summary
             kept = ("initial/", "sft/", "time/sft")
             first = {k: v for k, v in _read_summary(path).items() if k.startswith(kept)}
+            if not any(k.startswith("initial/") for k in first):
+                first.update(self._start_evaluation())  # a run that crashed before its end
             summary = {**first, **summary}
         summary["provenance"] = provenance
         write_json(path, summary)
         return summary
+
+    def _start_evaluation(self) -> dict[str, Any]:
+        """``initial/`` entries from eval.jsonl's step-0 row, for a run resumed after a crash
+        (its first process wrote no summary); the warm start's loss and time are in no file
+        and are left out, with a warning."""
+        text = self.evals.read_text() if self.evals.exists() else ""
+        rows = [json.loads(line) for line in text.splitlines() if line]
+        start = next((r for r in rows if r.get("step") == 0), None)
+        if start is None:
+            log.warning("%s has no step-0 row: the summary lacks the start's accuracy.", self.evals)
+            return {}
+        log.warning(
+            "%s: no summary of the run's start; its accuracy is taken from %s, its SFT loss and "
+            "time are not recorded.",
+            self.out,
+            self.evals,
+        )
+        return {f"initial/{k}": v for k, v in start.items() if k != "step"}
 
 
 def accuracy_words(evaluation: dict[str, float]) -> str:
@@ -157,7 +185,7 @@ def _read_summary(path: Path) -> dict[str, Any]:
     try:
         prev = json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        log.warning("%s is not readable JSON (%s); its SFT and start entries are lost.", path, e)
+        log.warning("%s is not readable JSON (%s); the new summary replaces it.", path, e)
         return {}
     return prev if isinstance(prev, dict) else {}
 
