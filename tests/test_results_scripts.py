@@ -11,7 +11,7 @@ import numpy as np
 RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
 
 
-def test_smollm2_arms_table_is_the_committed_runs(tmp_path):
+def test_smollm2_arms_table_is_the_committed_runs():
     """arms.py's rows and paired differences come from each run's own files: the start and end
     accuracy of summary.json (a swapped arm or field fails), and the greedy difference over the
     same held-out prompts, recomputed here from the per-prompt rows."""

@@ -3,8 +3,8 @@
     metrics.jsonl   one strict-JSON object per RL step (`append_jsonl`)
     eval.jsonl      one per held-out evaluation (step 0, every eval_every steps, the end)
     tb/             TensorBoard events (`EventWriter`)
-    summary.json    start and end accuracy, reward, time per phase, provenance (`RunLog.finish`;
-                    `describe` says it in words)
+    summary.json    start and end accuracy, reward, time per phase and step, peak memory,
+                    provenance (`RunLog.finish`; `describe` says it in words)
     plots/          PNG plots of metrics.jsonl (plots.py)
 
 `RunLog` is what process 0 of a run writes; on every other process its writes are no-ops.
