@@ -33,6 +33,7 @@ from ais_jax.io.paths import dumps_strict, safe_path, write_atomic, write_json
 from ais_jax.io.provenance import device_peak_gib, host_peak_gib
 
 __all__ = [
+    "PHASES",
     "EventWriter",
     "RunLog",
     "accuracy_words",
@@ -45,6 +46,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 SUMMARY_WINDOW = 10  # reward/first and reward/last: mean of the first and last steps (<= 10)
+PHASES = ("rollout", "score", "update", "reward", "sync")  # a step's time/<phase>_s, in order
 
 
 class RunLog:
@@ -109,17 +111,15 @@ class RunLog:
         summary's start entries. And the plots of metrics.jsonl."""
         from ais_jax.analysis.plots import plot_run
 
-        text = self.metrics.read_text() if self.metrics.exists() else ""
-        rows = [json.loads(line) for line in text.splitlines() if line]
+        rows = _read_rows(self.metrics)
         summary = dict(summary)
         if rows:
             window = max(1, min(SUMMARY_WINDOW, len(rows) // 2))  # single steps are noisy
             summary["reward/first"] = float(np.mean([r["reward/mean"] for r in rows[:window]]))
             summary["reward/last"] = float(np.mean([r["reward/mean"] for r in rows[-window:]]))
-            phases = ("rollout", "score", "update", "reward", "sync")
-            for phase in phases:
+            for phase in PHASES:
                 summary[f"time/{phase}_s_total"] = sum(r[f"time/{phase}_s"] for r in rows)
-            step_s = [sum(r[f"time/{phase}_s"] for phase in phases) for r in rows]
+            step_s = [sum(r[f"time/{phase}_s"] for phase in PHASES) for r in rows]
             summary["time/step_s_median"] = float(np.median(step_s[1:] or step_s))
             plot_run(self.metrics, safe_path(self.out, "plots"))
         summary["memory/host_peak_gib"] = host_peak_gib()
@@ -139,9 +139,7 @@ class RunLog:
         """``initial/`` entries from eval.jsonl's step-0 row, for a run resumed after a crash
         (its first process wrote no summary); the warm start's loss and time are in no file
         and are left out, with a warning."""
-        text = self.evals.read_text() if self.evals.exists() else ""
-        rows = [json.loads(line) for line in text.splitlines() if line]
-        start = next((r for r in rows if r.get("step") == 0), None)
+        start = next((r for r in _read_rows(self.evals) if r.get("step") == 0), None)
         if start is None:
             log.warning("%s has no step-0 row: the summary lacks the start's accuracy.", self.evals)
             return {}
@@ -175,6 +173,12 @@ def describe(summary: dict[str, Any]) -> str:
         f"Before RL (after the warm start): {accuracy_words(start)}.\n{end}\n"
         f"GRPO changed greedy held-out accuracy by {change:+.1f} points."
     )
+
+
+def _read_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of a row file (metrics.jsonl, eval.jsonl); [] if there is none yet."""
+    text = path.read_text() if path.exists() else ""
+    return [json.loads(line) for line in text.splitlines() if line]
 
 
 def _read_summary(path: Path) -> dict[str, Any]:

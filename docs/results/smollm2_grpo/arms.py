@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ais_jax.analysis import stats
+from ais_jax.io.run_log import PHASES
 
 WINDOW = 10  # "first" and "last": means over the first and last ten steps
 CURVES = (  # metrics.jsonl key, what it is
@@ -31,7 +32,6 @@ CURVES = (  # metrics.jsonl key, what it is
     ("mismatch/seq_ess_ratio_raw", "sequence ESS / n"),
     ("ais/alpha", "AIS alpha"),
 )
-PHASES = ("rollout", "score", "update", "reward", "sync")
 
 
 def _rows(run: Path) -> list[dict]:
