@@ -244,6 +244,39 @@ def test_arithmetic_filler_zipf_grades_each_positions_letters_by_rank():
         Arithmetic(filler=3, filler_zipf=1.5, filler_noise=0.5)
 
 
+def test_arithmetic_filler_center_prompt_codes_the_prompts_characters():
+    """``filler_center="prompt"``: position i's own letter codes the prompt's i-th character
+    (digits a-j, then + - * = as k-n, cycling past the prompt's end), exactly at noise 0 and as
+    the rank-0 letter of a Zipf tail; the default keeps the alphabet's letters (a tail centred
+    on the position, or a code off by one, would fail)."""
+    exact = Arithmetic(ops=("+", "-", "*"), filler=9, filler_noise=0.0, filler_center="prompt")
+    code = dict(zip("0123456789+-*=", "abcdefghijklmn", strict=True))
+    for seed in range(50):
+        ex = exact.sample(random.Random(seed))
+        cycled = (ex.prompt * 9)[:9]
+        assert ex.demonstration == "".join(code[c] for c in cycled) + " " + ex.answer
+    a, n = 1.5, 4000
+    task = Arithmetic(
+        ops=("+",), min_digits=2, max_digits=2, filler=6, filler_zipf=a, filler_center="prompt"
+    )
+    weights = [(r + 1) ** -a for r in range(26)]
+    top = weights[0] / sum(weights)
+    hits = collections.Counter()
+    for seed in range(n):
+        ex = task.sample(random.Random(seed))
+        for i in (0, 2, 5):
+            hits[i] += ex.demonstration[i] == code[ex.prompt[i]]
+    for i in (0, 2, 5):
+        assert abs(hits[i] / n - top) < 4.5 * (top * (1 - top) / n) ** 0.5, i
+    default = Arithmetic(filler=4, filler_noise=0.0).sample(random.Random(1)).demonstration
+    assert default.startswith("abcd ")
+    for bad in ("answer", "", None):
+        with pytest.raises(
+            ValueError, match=rf"filler_center must be one of \('position', 'prompt'\), got {bad!r}"
+        ):
+            Arithmetic(filler=3, filler_center=bad)
+
+
 def test_arithmetic_one_digit_covers_zero():
     prompts = {ex.prompt for ex in _samples(Arithmetic(ops=("+",), max_digits=1), 400)}
     assert any("0" in p for p in prompts)

@@ -38,8 +38,13 @@ such tails is what makes a real model's FP8 mismatch (issue 47, docs/results.md)
 position i holds the letter ``r`` places after its own (cycling) with probability proportional
 to ``(r + 1) ** -a``, so every letter has its own logit, ``log 26 * a`` nats below the top at the
 bottom (``a = 1.5``: entropy 2.07 nats, 39% of the letters drawn with p < 0.1). On the toy
-neither tail raises the FP8 mismatch much (measured: docs/results.md). The letters never hold a
-digit, so the reward reads the same answer.
+neither tail raises the FP8 mismatch much (measured: docs/results.md), because a tail that is
+the same for every prompt is learned as fixed logits, which FP8 barely moves. ``filler_center=
+"prompt"`` centres each position's letters on the prompt instead: position i's own letter is the
+one that codes the prompt's i-th character (cycling; ``0``-``9`` are ``a``-``j``, then ``+ - *
+=`` are ``k``-``n``), so the warm start must compute each letter's distribution from the input,
+as a real model's contextual uncertainty is. The letters never hold a digit, so the reward reads
+the same answer.
 
 ``instruction`` gives each example chat ``messages`` too: one user message, ``"What is 47 +
 385? "`` followed by the instruction, which a tokenizer with a chat template (an
@@ -65,9 +70,11 @@ from typing import ClassVar
 
 from ais_jax.tasks.base import Example
 
-__all__ = ["OPS", "Arithmetic"]
+__all__ = ["FILLER_CENTERS", "OPS", "Arithmetic"]
 
 OPS = ("+", "-", "*")
+FILLER_CENTERS = ("position", "prompt")
+_PROMPT_LETTER = "0123456789+-*="
 _INTEGER = re.compile(r"(?<!\d)-?\d+")
 
 
@@ -93,6 +100,7 @@ class Arithmetic:
     filler: int = 0
     filler_noise: float = 1.0
     filler_zipf: float = 0.0
+    filler_center: str = "position"
 
     def __post_init__(self):
         object.__setattr__(self, "ops", tuple(self.ops))
@@ -121,6 +129,10 @@ class Arithmetic:
                 f"filler_zipf={zipf!r} replaces filler_noise; leave filler_noise at 1.0, got "
                 f"{self.filler_noise!r}"
             )
+        if self.filler_center not in FILLER_CENTERS:
+            raise ValueError(
+                f"filler_center must be one of {FILLER_CENTERS}, got {self.filler_center!r}"
+            )
         if self.instruction is not None and not isinstance(self.instruction, str):
             raise ValueError(f"instruction must be a string or None, got {self.instruction!r}")
         if self.max_digits < self.min_digits:
@@ -134,6 +146,7 @@ class Arithmetic:
         if op == "-" and a < b:
             a, b = b, a
         result = {"+": a + b, "-": a - b, "*": a * b}[op]
+        prompt = f"{a}{op}{b}="
         slips = (lambda: rng.random() < self.slip) if self.slip > 0 else (lambda: False)
         if op == "*":
             steps, shown = _mul_steps(a, b), result
@@ -146,14 +159,19 @@ class Arithmetic:
                 if self.filler_zipf > 0
                 else functools.partial(_filler_letter, noise=self.filler_noise)
             )
-            letters = "".join(letter(i, rng) for i in range(self.filler))
+            centers = (
+                [_PROMPT_LETTER.index(prompt[i % len(prompt)]) for i in range(self.filler)]
+                if self.filler_center == "prompt"
+                else range(self.filler)
+            )
+            letters = "".join(letter(center, rng) for center in centers)
             demonstration = f"{letters} {demonstration}"
         messages = None
         if self.instruction is not None:
             question = f"What is {a} {op} {b}? {self.instruction}".strip()
             messages = ({"role": "user", "content": question},)
         return Example(
-            prompt=f"{a}{op}{b}=",
+            prompt=prompt,
             answer=str(result),
             demonstration=demonstration,
             messages=messages,
@@ -174,7 +192,7 @@ class Arithmetic:
 
 
 def _filler_letter(i: int, rng: random.Random, noise: float) -> str:
-    """The ``i``-th filler letter: the alphabet's ``i``-th (cycling), or w.p. ``noise`` any."""
+    """The alphabet's ``i``-th letter (cycling), or w.p. ``noise`` any."""
     if rng.random() < noise:
         return rng.choice(string.ascii_lowercase)
     return string.ascii_lowercase[i % 26]
