@@ -244,12 +244,15 @@ def test_sigkill_at_random_phases_then_resume_is_bitwise_the_uninterrupted_run(
 
     strip = lambda r: {k: v for k, v in r.items() if not k.startswith("time/")}  # noqa: E731
     assert [strip(r) for r in read_rows(out)] == [strip(r) for r in ref_rows]
-    # a run killed before its end wrote no summary: the start's accuracy comes from eval.jsonl
+    # a run killed before its end wrote no summary: the start's entries come from start.json
     got_summary, ref_summary = (
         json.loads((d / "summary.json").read_text()) for d in (out, reference)
     )
-    start = {k: v for k, v in ref_summary.items() if k.startswith("initial/")}
-    assert start and {k: got_summary.get(k) for k in start} == start
+    start = {k: v for k, v in ref_summary.items() if k.startswith(("initial/", "sft/"))}
+    assert start["sft/final_loss"] is not None and any(k.startswith("initial/") for k in start)
+    assert {k: got_summary.get(k) for k in start} == start
+    assert got_summary["time/sft_s"] > 0
+    assert "are not recorded" not in proc.stderr
     got, want = train_state(cfg, out, cfg.steps), train_state(cfg, reference, cfg.steps)
     flat_got, tree_got = jax.tree_util.tree_flatten(got)
     flat_want, tree_want = jax.tree_util.tree_flatten(want)
@@ -1495,12 +1498,14 @@ def test_torn_last_lines_and_a_missing_newest_checkpoint_resume_cleanly(
         with (out / name).open("a") as f:
             f.write('{"step": 5, "reward/me')  # a run killed in the middle of a write
     (out / "summary.json").write_text('{"initial/eval/accuracy": 0.')
+    (out / "start.json").write_text('{"sft/final_loss": 1.')
     proc = train_in_subprocess(["--out", str(out), "--resume"], worker_env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert_no_noise(proc.stderr)
     assert f"{out / 'metrics.jsonl'}:5: dropped a torn last line" in proc.stderr
     assert f"{out / 'eval.jsonl'}:4: dropped a torn last line" in proc.stderr
     assert f"{out / 'summary.json'} is not readable JSON" in proc.stderr
+    assert f"{out / 'start.json'} is not readable JSON" in proc.stderr
     assert [r["step"] for r in strict_rows(out / "metrics.jsonl")] == [1, 2, 3, 4]
     assert [r["step"] for r in strict_rows(out / "eval.jsonl")] == [0, 2, 4]
     summary = strict_loads((out / "summary.json").read_text())

@@ -3,6 +3,8 @@
     metrics.jsonl   one strict-JSON object per RL step (`append_jsonl`)
     eval.jsonl      one per held-out evaluation (step 0, every eval_every steps, the end)
     tb/             TensorBoard events (`EventWriter`)
+    start.json      the start's entries: warm-start loss and time, step-0 accuracy
+                    (`RunLog.started`), which a run resumed after a crash puts in its summary
     summary.json    start and end accuracy, reward, time per phase and step, peak memory,
                     provenance (`RunLog.finish`; `describe` says it in words)
     plots/          PNG plots of metrics.jsonl (plots.py)
@@ -97,6 +99,11 @@ class RunLog:
             if events is True or (events and k in events):
                 self.events.add_scalar(k, v, step)
 
+    def started(self, entries: dict[str, Any]) -> None:
+        """start.json: the summary entries of the start, kept for a resume's summary."""
+        if self.primary:
+            write_json(safe_path(self.out, "start.json"), entries)
+
     def close(self) -> None:
         if self.events is not None:
             self.events, events = None, self.events
@@ -107,8 +114,9 @@ class RunLog:
         first and last `SUMMARY_WINDOW` steps, at most half the run), time per phase and the
         median step (its first step, which compiles, left out), from metrics.jsonl; this
         process's peak host memory and, off CPU, the accelerator's (a resumed run's are those of
-        the process that finished it); and ``provenance``. A resumed run keeps its first
-        summary's start entries. And the plots of metrics.jsonl."""
+        the process that finished it); and ``provenance``. A resumed run takes the start's
+        entries from start.json (a run older than that file: from its first summary, or its
+        accuracy alone from eval.jsonl). And the plots of metrics.jsonl."""
         from ais_jax.analysis.plots import plot_run
 
         rows = _read_rows(self.metrics)
@@ -125,20 +133,22 @@ class RunLog:
         summary["memory/host_peak_gib"] = host_peak_gib()
         summary["memory/device_peak_gib"] = device_peak_gib()
         path = safe_path(self.out, "summary.json")
-        if resume:  # the start's entries come from the run's first summary
-            kept = ("initial/", "sft/", "time/sft")
-            first = {k: v for k, v in _read_summary(path).items() if k.startswith(kept)}
+        if resume:
+            first = _read_json(safe_path(self.out, "start.json"))
+            if not first:
+                kept = ("initial/", "sft/", "time/sft")
+                first = {k: v for k, v in _read_json(path).items() if k.startswith(kept)}
             if not any(k.startswith("initial/") for k in first):
-                first.update(self._start_evaluation())  # a run that crashed before its end
+                first.update(self._start_evaluation())  # an older run that crashed
             summary = {**first, **summary}
         summary["provenance"] = provenance
         write_json(path, summary)
         return summary
 
     def _start_evaluation(self) -> dict[str, Any]:
-        """``initial/`` entries from eval.jsonl's step-0 row, for a run resumed after a crash
-        (its first process wrote no summary); the warm start's loss and time are in no file
-        and are left out, with a warning."""
+        """``initial/`` entries from eval.jsonl's step-0 row, for a run that predates start.json
+        resumed after a crash (its first process wrote no summary); the warm start's loss and
+        time are in no file and are left out, with a warning."""
         start = next((r for r in _read_rows(self.evals) if r.get("step") == 0), None)
         if start is None:
             log.warning("%s has no step-0 row: the summary lacks the start's accuracy.", self.evals)
@@ -181,15 +191,15 @@ def _read_rows(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.splitlines() if line]
 
 
-def _read_summary(path: Path) -> dict[str, Any]:
-    """The summary.json a resumed run extends; {} with a warning naming the file if it is
-    missing or damaged (the new summary replaces it)."""
+def _read_json(path: Path) -> dict[str, Any]:
+    """The start.json or summary.json a resumed run reads; {} if it is missing, and with a
+    warning naming the file if it is damaged (the new summary does without it)."""
     if not path.exists():
         return {}
     try:
         prev = json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        log.warning("%s is not readable JSON (%s); the new summary replaces it.", path, e)
+        log.warning("%s is not readable JSON (%s); the summary does without it.", path, e)
         return {}
     return prev if isinstance(prev, dict) else {}
 

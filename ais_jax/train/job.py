@@ -126,6 +126,7 @@ def _start_or_resume(
     if progress:
         tqdm.write(f"Start (after the warm start): {accuracy_words(initial)}")
     run_log.evaluation(0, initial, events=False)
+    run_log.started(summary)
     run.save()
     preemption.stop_point(out, 0)
     return summary
