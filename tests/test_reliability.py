@@ -244,7 +244,7 @@ def test_sigkill_at_random_phases_then_resume_is_bitwise_the_uninterrupted_run(
 
     strip = lambda r: {k: v for k, v in r.items() if not k.startswith("time/")}  # noqa: E731
     assert [strip(r) for r in read_rows(out)] == [strip(r) for r in ref_rows]
-    # a run killed before its end wrote no summary: the start's entries come from start.json
+    # a run killed before its end wrote no summary: the start's entries come from start_summary.json
     got_summary, ref_summary = (
         json.loads((d / "summary.json").read_text()) for d in (out, reference)
     )
@@ -1498,14 +1498,14 @@ def test_torn_last_lines_and_a_missing_newest_checkpoint_resume_cleanly(
         with (out / name).open("a") as f:
             f.write('{"step": 5, "reward/me')  # a run killed in the middle of a write
     (out / "summary.json").write_text('{"initial/eval/accuracy": 0.')
-    (out / "start.json").write_text('{"sft/final_loss": 1.')
+    (out / "start_summary.json").write_text('{"sft/final_loss": 1.')
     proc = train_in_subprocess(["--out", str(out), "--resume"], worker_env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert_no_noise(proc.stderr)
     assert f"{out / 'metrics.jsonl'}:5: dropped a torn last line" in proc.stderr
     assert f"{out / 'eval.jsonl'}:4: dropped a torn last line" in proc.stderr
     assert f"{out / 'summary.json'} is not readable JSON" in proc.stderr
-    assert f"{out / 'start.json'} is not readable JSON" in proc.stderr
+    assert f"{out / 'start_summary.json'} is not readable JSON" in proc.stderr
     assert [r["step"] for r in strict_rows(out / "metrics.jsonl")] == [1, 2, 3, 4]
     assert [r["step"] for r in strict_rows(out / "eval.jsonl")] == [0, 2, 4]
     summary = strict_loads((out / "summary.json").read_text())

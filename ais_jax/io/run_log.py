@@ -3,7 +3,8 @@
     metrics.jsonl   one strict-JSON object per RL step (`append_jsonl`)
     eval.jsonl      one per held-out evaluation (step 0, every eval_every steps, the end)
     tb/             TensorBoard events (`EventWriter`)
-    start.json      the start's entries: warm-start loss and time, step-0 accuracy
+    start_summary.json
+                    the start's entries: warm-start loss and time, step-0 accuracy
                     (`RunLog.started`), which a run resumed after a crash puts in its summary
     summary.json    start and end accuracy, reward, time per phase and step, peak memory,
                     provenance (`RunLog.finish`; `describe` says it in words)
@@ -100,9 +101,9 @@ class RunLog:
                 self.events.add_scalar(k, v, step)
 
     def started(self, entries: dict[str, Any]) -> None:
-        """start.json: the summary entries of the start, kept for a resume's summary."""
+        """start_summary.json: the summary entries of the start, kept for a resume's summary."""
         if self.primary:
-            write_json(safe_path(self.out, "start.json"), entries)
+            write_json(safe_path(self.out, "start_summary.json"), entries)
 
     def close(self) -> None:
         if self.events is not None:
@@ -115,7 +116,7 @@ class RunLog:
         median step (its first step, which compiles, left out), from metrics.jsonl; this
         process's peak host memory and, off CPU, the accelerator's (a resumed run's are those of
         the process that finished it); and ``provenance``. A resumed run takes the start's
-        entries from start.json (a run older than that file: from its first summary, or its
+        entries from start_summary.json (a run older than that file: from its first summary, or its
         accuracy alone from eval.jsonl). And the plots of metrics.jsonl."""
         from ais_jax.analysis.plots import plot_run
 
@@ -134,7 +135,7 @@ class RunLog:
         summary["memory/device_peak_gib"] = device_peak_gib()
         path = safe_path(self.out, "summary.json")
         if resume:
-            first = _read_json(safe_path(self.out, "start.json"))
+            first = _read_json(safe_path(self.out, "start_summary.json"))
             if not first:
                 kept = ("initial/", "sft/", "time/sft")
                 first = {k: v for k, v in _read_json(path).items() if k.startswith(kept)}
@@ -146,7 +147,7 @@ class RunLog:
         return summary
 
     def _start_evaluation(self) -> dict[str, Any]:
-        """``initial/`` entries from eval.jsonl's step-0 row, for a run that predates start.json
+        """``initial/`` entries from eval.jsonl's step-0 row, for a run that predates start_summary.json
         resumed after a crash (its first process wrote no summary); the warm start's loss and
         time are in no file and are left out, with a warning."""
         start = next((r for r in _read_rows(self.evals) if r.get("step") == 0), None)
@@ -192,7 +193,7 @@ def _read_rows(path: Path) -> list[dict[str, Any]]:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    """The start.json or summary.json a resumed run reads; {} if it is missing, and with a
+    """The start_summary.json or summary.json a resumed run reads; {} if it is missing, and with a
     warning naming the file if it is damaged (the new summary does without it)."""
     if not path.exists():
         return {}
