@@ -147,9 +147,9 @@ class RunLog:
         return summary
 
     def _start_evaluation(self) -> dict[str, Any]:
-        """``initial/`` entries from eval.jsonl's step-0 row, for a run that predates start_summary.json
-        resumed after a crash (its first process wrote no summary); the warm start's loss and
-        time are in no file and are left out, with a warning."""
+        """``initial/`` entries from eval.jsonl's step-0 row, for a run that predates
+        start_summary.json resumed after a crash (its first process wrote no summary); the warm
+        start's loss and time are in no file and are left out, with a warning."""
         start = next((r for r in _read_rows(self.evals) if r.get("step") == 0), None)
         if start is None:
             log.warning("%s has no step-0 row: the summary lacks the start's accuracy.", self.evals)
