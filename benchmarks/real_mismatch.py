@@ -719,15 +719,16 @@ def tables(res: dict) -> str:
             )
     p()
     names = list(res["formats"])
-    p("## 3. By response position (bf16 trainer): mean|d|, token ESS, chi2 per format")
-    p(f"{'positions':>9} " + " ".join(f"{n:>25}" for n in names))
-    for k, b in enumerate(res["formats"][names[0]]["vs"]["bf16"]["by_position"]):
-        cells = []
-        for n in names:
-            m = res["formats"][n]["vs"]["bf16"]["by_position"][k]
-            cells.append(f"{m['mean_abs']:8.4f} {m['ess']:7.4f} {m['chi2']:8.4f}")
-        p(f"{b['start']:>3}-{b['stop'] - 1:<5} " + " ".join(f"{c:>25}" for c in cells))
-    p()
+    if names:  # none with --formats '' (the toy alone)
+        p("## 3. By response position (bf16 trainer): mean|d|, token ESS, chi2 per format")
+        p(f"{'positions':>9} " + " ".join(f"{n:>25}" for n in names))
+        for k, b in enumerate(res["formats"][names[0]]["vs"]["bf16"]["by_position"]):
+            cells = []
+            for n in names:
+                m = res["formats"][n]["vs"]["bf16"]["by_position"][k]
+                cells.append(f"{m['mean_abs']:8.4f} {m['ess']:7.4f} {m['chi2']:8.4f}")
+            p(f"{b['start']:>3}-{b['stop'] - 1:<5} " + " ".join(f"{c:>25}" for c in cells))
+        p()
     p("## 4. By the sampled token's rollout probability p (bf16 trainer): share, mean|d|, k3, ESS")
     blocks = [(n, res["formats"][n]["vs"]["bf16"]) for n in names]
     if "toy" in res:
@@ -817,7 +818,7 @@ def plots(res: dict, out: Path) -> list[str]:
         for name, f in res["toy"]["formats"].items():
             b = f["vs"]["bf16"]
             ax[2].plot(
-                labels,
+                [f"{x['lo']}-{x['hi']}" for x in b["by_probability"]],
                 [x.get("mean_abs", np.nan) for x in b["by_probability"]],
                 "x--",
                 label=f"toy {name}",
