@@ -206,3 +206,34 @@ def test_ablation_rows(rm, tiny):
     assert every["kl"] > 0
     assert rows["float8_e4m3fn weights only (bf16 activations)"]["kl"] > 0
     assert rows["float8_e4m3fn activations only (bf16 weights)"]["kl"] > 0
+
+
+def test_tables_and_plots_of_the_toy_alone(rm, tiny, tmp_path):
+    """``--formats ''`` measures only the toy: the tables skip the per-position block (SmolLM2's)
+    and still list the toy's probability bins, and the plot is drawn (both used to raise)."""
+    config, params, prompts, pmask = tiny
+    out, _ = rm.measure_format(
+        params,
+        config,
+        prompts,
+        pmask,
+        jax.random.key(0),
+        fmt="float8_e4m3fn",
+        act_scaling="tensor",
+        new_tokens=6,
+        stop_ids=(5,),
+        trainer_dtypes=("bf16",),
+        gen_chunk=4,
+        score_chunk=4,
+        bin_width=6,
+    )
+    meta = {"title": "t", "date": "d", "commit": "c", "jax": "j", "jaxlib": "l", "cpu": "cpu"}
+    meta.update(cores=2, model="m", task="a", prompts=4, prompt_len=6, new_tokens=6)
+    res = {"meta": meta, "formats": {}, "toy": {"formats": {"fp8": out}}}
+    text = rm.tables(res)
+    assert "## 3." not in text
+    bins = [line for line in text.splitlines() if line.startswith("toy fp8 ")]
+    assert len(bins) == 1 + len(out["vs"]["bf16"]["by_probability"])  # section 1's row + bins
+    assert (
+        rm.plots(res, tmp_path) == ["mismatch.png"] and (tmp_path / "mismatch.png").stat().st_size
+    )

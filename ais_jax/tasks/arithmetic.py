@@ -43,8 +43,8 @@ the same for every prompt is learned as fixed logits, which FP8 barely moves. ``
 "prompt"`` centres each position's letters on the prompt instead: position i's own letter is the
 one that codes the prompt's i-th character (cycling; ``0``-``9`` are ``a``-``j``, then ``+ - *
 =`` are ``k``-``n``), so the warm start must compute each letter's distribution from the input,
-as a real model's contextual uncertainty is. The letters never hold a digit, so the reward reads
-the same answer.
+as a real model's contextual uncertainty is; that does not raise the mismatch either (measured:
+docs/results.md). The letters never hold a digit, so the reward reads the same answer.
 
 ``instruction`` gives each example chat ``messages`` too: one user message, ``"What is 47 +
 385? "`` followed by the instruction, which a tokenizer with a chat template (an
