@@ -840,7 +840,8 @@ def plots(res: dict, out: Path) -> list[str]:
         yscale="log",
     )
     for a in ax:
-        a.legend(fontsize=8)
+        if a.get_legend_handles_labels()[0]:  # the position panels are empty for the toy alone
+            a.legend(fontsize=8)
         a.grid(alpha=0.3)
     fig.suptitle(
         "SmolLM2-135M-Instruct: low-precision rollout vs bf16 trainer "
