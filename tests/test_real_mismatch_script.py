@@ -60,6 +60,27 @@ def tiny():
     return config, params, prompts, pmask
 
 
+def _measure(rm, tiny, fmt: str, new_tokens: int, *, score_chunk: int, bin_width: int):
+    """The script's `measure_format` of the tiny model's 4 prompts: per-tensor scales, key 0,
+    token 5 as the stop id, the bf16 trainer."""
+    config, params, prompts, pmask = tiny
+    return rm.measure_format(
+        params,
+        config,
+        prompts,
+        pmask,
+        jax.random.key(0),
+        fmt=fmt,
+        act_scaling="tensor",
+        new_tokens=new_tokens,
+        stop_ids=(5,),
+        trainer_dtypes=("bf16",),
+        gen_chunk=4,
+        score_chunk=score_chunk,
+        bin_width=bin_width,
+    )
+
+
 def _ref_metrics(lt, lr, mask):
     """The metrics written out directly, float64, no shared helper."""
     lt, lr = lt.astype(np.float64), lr.astype(np.float64)
@@ -84,21 +105,7 @@ def _ref_metrics(lt, lr, mask):
 def test_measure_format_metrics_match_numpy(rm, tiny):
     config, params, prompts, pmask = tiny
     T = 12
-    out, raw = rm.measure_format(
-        params,
-        config,
-        prompts,
-        pmask,
-        jax.random.key(0),
-        fmt="float4_e2m1fn",
-        act_scaling="tensor",
-        new_tokens=T,
-        stop_ids=(5,),
-        trainer_dtypes=("bf16",),
-        gen_chunk=4,
-        score_chunk=2,
-        bin_width=4,
-    )
+    out, raw = _measure(rm, tiny, "float4_e2m1fn", T, score_chunk=2, bin_width=4)
     tokens, mask, lr, lt = raw["tokens"], raw["mask"], raw["logp_rollout"], raw["logp_train_bf16"]
     assert tokens.shape == (4, T) and mask.all()  # no EOS stop: every row has T tokens
     # the trainer's log-probs are the bf16 model's full-sequence log-softmax of the tokens
@@ -211,22 +218,7 @@ def test_ablation_rows(rm, tiny):
 def test_tables_and_plots_of_the_toy_alone(rm, tiny, tmp_path):
     """``--formats ''`` measures only the toy: the tables skip the per-position block (SmolLM2's)
     and still list the toy's probability bins, and the plot is drawn (both used to raise)."""
-    config, params, prompts, pmask = tiny
-    out, _ = rm.measure_format(
-        params,
-        config,
-        prompts,
-        pmask,
-        jax.random.key(0),
-        fmt="float8_e4m3fn",
-        act_scaling="tensor",
-        new_tokens=6,
-        stop_ids=(5,),
-        trainer_dtypes=("bf16",),
-        gen_chunk=4,
-        score_chunk=4,
-        bin_width=6,
-    )
+    out, _ = _measure(rm, tiny, "float8_e4m3fn", 6, score_chunk=4, bin_width=6)
     meta = {"title": "t", "date": "d", "commit": "c", "jax": "j", "jaxlib": "l", "cpu": "cpu"}
     meta.update(cores=2, model="m", task="a", prompts=4, prompt_len=6, new_tokens=6)
     res = {"meta": meta, "formats": {}, "toy": {"formats": {"fp8": out}}}
