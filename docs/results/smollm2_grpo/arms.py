@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ais_jax.analysis import stats
+from ais_jax.analysis.plots import read_metrics
 from ais_jax.io.run_log import PHASES
 
 WINDOW = 10  # "first" and "last": means over the first and last ten steps
@@ -34,14 +35,10 @@ CURVES = (  # metrics.jsonl key, what it is
 )
 
 
-def _rows(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-
-
 def _greedy(run: Path, step: int) -> np.ndarray:
     """Per-prompt greedy correctness of ``ais-jax eval --run RUN [--step N] --k 4``."""
     (path,) = (run / "eval").glob(f"step{step}-heldout-k4-*.jsonl")
-    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    rows = read_metrics(path)
     return np.array([r["greedy"]["correct"] for r in sorted(rows, key=lambda r: r["index"])], float)
 
 
@@ -54,7 +51,7 @@ def table(runs: list[Path]) -> str:
     ]
     for run in runs:
         s = json.loads((run / "summary.json").read_text())
-        rows = _rows(run)
+        rows = read_metrics(run / "metrics.jsonl")
 
         def first_last(key, rows=rows):
             v = np.array([r[key] for r in rows])
@@ -77,7 +74,7 @@ def table(runs: list[Path]) -> str:
 def paired(runs: list[Path]) -> str:
     """Each later arm's greedy correctness minus the first arm's, and each end minus the
     start, over the same held-out prompts."""
-    end = {run.name: _greedy(run, len(_rows(run))) for run in runs}
+    end = {run.name: _greedy(run, len(read_metrics(run / "metrics.jsonl"))) for run in runs}
     start = _greedy(runs[-1], 0)  # one start for all arms
     lines = ["| difference (greedy, over the held-out prompts) | mean | 95% CI | prompts |"]
     lines.append("|---|---|---|---|")
@@ -100,7 +97,7 @@ def plot(runs: list[Path], path: Path) -> None:
     fig, axes = plt.subplots(2, 2, figsize=(10, 7), constrained_layout=True)
     for ax, (key, title) in zip(axes.flat, CURVES, strict=True):
         for run in runs:
-            rows = _rows(run)
+            rows = read_metrics(run / "metrics.jsonl")
             ax.plot([r["step"] for r in rows], [r[key] for r in rows], label=run.name)
         ax.set_title(title)
         ax.set_xlabel("GRPO step")

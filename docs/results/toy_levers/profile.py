@@ -10,18 +10,18 @@ the columns of docs/results.md's "Toward the paper's regime" table.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import numpy as np
 
+from ais_jax.analysis.plots import read_metrics
+
 COLUMNS = ("start %", "end %", "entropy", "mean|d|", "k3", "chi2", "token ESS", "seq ESS", "max r")
 
 
 def profile(run: Path) -> tuple[float, ...]:
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    evals = [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines()]
+    rows, evals = read_metrics(run / "metrics.jsonl"), read_metrics(run / "eval.jsonl")
     mean = lambda key: float(np.mean([r[key] for r in rows]))  # noqa: E731
     chi2 = float(np.mean([1 / r["mismatch/ess_ratio_raw"] - 1 for r in rows]))
     return (
