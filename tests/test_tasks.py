@@ -277,6 +277,28 @@ def test_arithmetic_filler_center_prompt_codes_the_prompts_characters():
             Arithmetic(filler=3, filler_center=bad)
 
 
+def test_arithmetic_filler_place_after_writes_the_letters_behind_the_answer():
+    """``filler_place="after"``: the same letters as before the answer, but after it and a space,
+    so the response starts with the answer, and the reward still reads it (letters placed before,
+    or the answer read from the letters, would fail); a bad place is refused by name."""
+    before = Arithmetic(ops=("+",), max_digits=2, slip=0.6, filler=9, filler_noise=0.3)
+    after = dataclasses.replace(before, filler_place="after")
+    for seed in range(40):
+        ex_before = before.sample(random.Random(seed))
+        ex = after.sample(random.Random(seed))
+        letters, shown = ex_before.demonstration.split(" ")
+        assert ex.prompt == ex_before.prompt and ex.answer == ex_before.answer
+        assert ex.demonstration == f"{shown} {letters}" and letters.isalpha()
+        assert after.reward(ex, ex.demonstration) == float(shown == ex.answer)
+        assert after.reward(ex, f"{ex.answer} {letters}") == 1.0
+    assert before.filler_place == "before"
+    for bad in ("end", "", None):
+        with pytest.raises(
+            ValueError, match=rf"filler_place must be one of \('before', 'after'\), got {bad!r}"
+        ):
+            Arithmetic(filler=3, filler_place=bad)
+
+
 def test_arithmetic_one_digit_covers_zero():
     prompts = {ex.prompt for ex in _samples(Arithmetic(ops=("+",), max_digits=1), 400)}
     assert any("0" in p for p in prompts)

@@ -44,7 +44,11 @@ the same for every prompt is learned as fixed logits, which FP8 barely moves. ``
 one that codes the prompt's i-th character (cycling; ``0``-``9`` are ``a``-``j``, then ``+ - *
 =`` are ``k``-``n``), so the warm start must compute each letter's distribution from the input,
 as a real model's contextual uncertainty is; that does not raise the mismatch either (measured:
-docs/results.md). The letters never hold a digit, so the reward reads the same answer.
+docs/results.md). ``filler_place="after"`` writes the letters after the result instead
+(``"432 abqd"``): a long response whose answer comes first, for a model too small to carry the
+problem across a long prefix (the 16-wide toy of ``configs/compare_narrow_long.yaml`` learns
+nothing behind 62 letters; docs/results.md). The letters never hold a digit, so the reward reads
+the same answer.
 
 ``instruction`` gives each example chat ``messages`` too: one user message, ``"What is 47 +
 385? "`` followed by the instruction, which a tokenizer with a chat template (an
@@ -70,10 +74,11 @@ from typing import ClassVar
 
 from ais_jax.tasks.base import Example
 
-__all__ = ["FILLER_CENTERS", "OPS", "Arithmetic"]
+__all__ = ["FILLER_CENTERS", "FILLER_PLACES", "OPS", "Arithmetic"]
 
 OPS = ("+", "-", "*")
 FILLER_CENTERS = ("position", "prompt")
+FILLER_PLACES = ("before", "after")
 _PROMPT_LETTER = "0123456789+-*="
 _INTEGER = re.compile(r"(?<!\d)-?\d+")
 
@@ -101,6 +106,7 @@ class Arithmetic:
     filler_noise: float = 1.0
     filler_zipf: float = 0.0
     filler_center: str = "position"
+    filler_place: str = "before"
 
     def __post_init__(self):
         object.__setattr__(self, "ops", tuple(self.ops))
@@ -132,6 +138,10 @@ class Arithmetic:
         if self.filler_center not in FILLER_CENTERS:
             raise ValueError(
                 f"filler_center must be one of {FILLER_CENTERS}, got {self.filler_center!r}"
+            )
+        if self.filler_place not in FILLER_PLACES:
+            raise ValueError(
+                f"filler_place must be one of {FILLER_PLACES}, got {self.filler_place!r}"
             )
         if self.instruction is not None and not isinstance(self.instruction, str):
             raise ValueError(f"instruction must be a string or None, got {self.instruction!r}")
@@ -165,7 +175,11 @@ class Arithmetic:
                 else range(self.filler)
             )
             letters = "".join(letter(center, rng) for center in centers)
-            demonstration = f"{letters} {demonstration}"
+            demonstration = (
+                f"{letters} {demonstration}"
+                if self.filler_place == "before"
+                else f"{demonstration} {letters}"
+            )
         messages = None
         if self.instruction is not None:
             question = f"What is {a} {op} {b}? {self.instruction}".strip()
