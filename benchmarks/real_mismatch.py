@@ -599,9 +599,10 @@ def _stats_table(stats) -> list[dict]:
 # ---- the toy --------------------------------------------------------------------------------
 
 
-def toy(run_dir: Path, n: int, seed: int, formats, trainer_dtypes) -> dict:
+def toy(run_dir: Path, n: int, seed: int, formats, trainer_dtypes, bin_width: int = 8) -> dict:
     """The default job's trained model (``run_dir``, `ais-jax train --out`) measured with the
-    same code: its task, tokenizer, prompt length, max_new_tokens and end-of-sequence id."""
+    same code: its task, tokenizer, prompt length, max_new_tokens and end-of-sequence id, and
+    per bin of ``bin_width`` response positions."""
     from ais_jax.config import load_config
     from ais_jax.train.job import make_run
 
@@ -637,13 +638,26 @@ def toy(run_dir: Path, n: int, seed: int, formats, trainer_dtypes) -> dict:
             trainer_dtypes=trainer_dtypes,
             gen_chunk=n,
             score_chunk=n,
-            bin_width=r.max_new_tokens,
+            bin_width=bin_width,
             label="toy ",
         )
     return out
 
 
 # ---- tables and plots ---------------------------------------------------------------------
+
+
+def _position_rows(p, blocks: dict) -> None:
+    """Section 3's rows for ``blocks`` (name -> one trainer's metrics), if any."""
+    if not blocks:
+        return
+    p(f"{'positions':>9} " + " ".join(f"{n:>25}" for n in blocks))
+    for k, b in enumerate(next(iter(blocks.values()))["by_position"]):
+        cells = [
+            f"{m['mean_abs']:8.4f} {m['ess']:7.4f} {m['chi2']:8.4f}"
+            for m in (block["by_position"][k] for block in blocks.values())
+        ]
+        p(f"{b['start']:>3}-{b['stop'] - 1:<5} " + " ".join(f"{c:>25}" for c in cells))
 
 
 def _main_row(label: str, m: dict) -> str:
@@ -719,15 +733,11 @@ def tables(res: dict) -> str:
             )
     p()
     names = list(res["formats"])
-    if names:  # none with --formats '' (the toy alone)
+    toy_formats = res.get("toy", {}).get("formats", {})
+    if names or toy_formats:  # SmolLM2's formats: none with --formats '' (the toy alone)
         p("## 3. By response position (bf16 trainer): mean|d|, token ESS, chi2 per format")
-        p(f"{'positions':>9} " + " ".join(f"{n:>25}" for n in names))
-        for k, b in enumerate(res["formats"][names[0]]["vs"]["bf16"]["by_position"]):
-            cells = []
-            for n in names:
-                m = res["formats"][n]["vs"]["bf16"]["by_position"][k]
-                cells.append(f"{m['mean_abs']:8.4f} {m['ess']:7.4f} {m['chi2']:8.4f}")
-            p(f"{b['start']:>3}-{b['stop'] - 1:<5} " + " ".join(f"{c:>25}" for c in cells))
+        for label, formats in (("", res["formats"]), ("toy ", toy_formats)):
+            _position_rows(p, {f"{label}{n}": f["vs"]["bf16"] for n, f in formats.items()})
         p()
     p("## 4. By the sampled token's rollout probability p (bf16 trainer): share, mean|d|, k3, ESS")
     blocks = [(n, res["formats"][n]["vs"]["bf16"]) for n in names]
@@ -823,13 +833,20 @@ def plots(res: dict, out: Path) -> list[str]:
                 "x--",
                 label=f"toy {name}",
             )
-            ax[0].axhline(
-                b["all"]["mean_abs"], ls=next(styles), lw=1, color="gray", label=f"toy {name}"
-            )
+            mid = [(x["start"] + x["stop"] - 1) / 2 for x in b["by_position"]]
+            if len(mid) > 1:
+                ax[0].plot(
+                    mid, [x["mean_abs"] for x in b["by_position"]], "x--", label=f"toy {name}"
+                )
+                ax[1].plot(mid, [x["ess"] for x in b["by_position"]], "x--", label=f"toy {name}")
+            else:  # one bin: the toy's mean, as a line across the panel
+                ax[0].axhline(
+                    b["all"]["mean_abs"], ls=next(styles), lw=1, color="gray", label=f"toy {name}"
+                )
     ax[0].set(
         xlabel="response position",
         ylabel="mean |logp_train - logp_rollout| (nats)",
-        title="mismatch vs position (bins of 32)",
+        title="mismatch vs position (bin midpoints)",
         yscale="log",
     )
     ax[1].set(xlabel="response position", ylabel="token ESS ratio", title="token ESS vs position")
@@ -845,7 +862,7 @@ def plots(res: dict, out: Path) -> list[str]:
         a.grid(alpha=0.3)
     fig.suptitle(
         "SmolLM2-135M-Instruct: low-precision rollout vs bf16 trainer "
-        "(gray lines: the toy's mean over its short responses)"
+        "(x: the toy per position bin; gray lines: its mean where it has one bin)"
     )
     fig.tight_layout()
     fig.savefig(out / "mismatch.png", dpi=110)
@@ -964,6 +981,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-per-layer", action="store_true")
     p.add_argument("--toy-run", type=Path, default=None, help="a trained default job's --out")
     p.add_argument("--toy-formats", default="fp8,fp8-token,fp4")
+    p.add_argument("--toy-bin", type=int, default=8, help="the toy's positions per bin")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument(
@@ -1054,7 +1072,9 @@ def main(argv=None) -> int:
         _checkpoint(res, args.out)
     if args.toy_run is not None:
         toy_formats = [f for f in args.toy_formats.split(",") if f]
-        res["toy"] = toy(args.toy_run, args.prompts, args.seed, toy_formats, ("bf16", "f32"))
+        res["toy"] = toy(
+            args.toy_run, args.prompts, args.seed, toy_formats, ("bf16", "f32"), args.toy_bin
+        )
     meta["wall_s"] = round(time.perf_counter() - _T0, 1)
     _checkpoint(res, args.out)
     if args.arrays:

@@ -216,14 +216,20 @@ def test_ablation_rows(rm, tiny):
 
 
 def test_tables_and_plots_of_the_toy_alone(rm, tiny, tmp_path):
-    """``--formats ''`` measures only the toy: the tables skip the per-position block (SmolLM2's)
-    and still list the toy's probability bins, and the plot is drawn (both used to raise)."""
-    out, _ = _measure(rm, tiny, "float8_e4m3fn", 6, score_chunk=4, bin_width=6)
+    """``--formats ''`` measures only the toy: the tables list its position bins (section 3, with
+    each bin's own numbers) and its probability bins, and the plot is drawn (both used to raise
+    before the toy had position bins)."""
+    out, _ = _measure(rm, tiny, "float8_e4m3fn", 6, score_chunk=4, bin_width=2)
     meta = {"title": "t", "date": "d", "commit": "c", "jax": "j", "jaxlib": "l", "cpu": "cpu"}
     meta.update(cores=2, model="m", task="a", prompts=4, prompt_len=6, new_tokens=6)
     res = {"meta": meta, "formats": {}, "toy": {"formats": {"fp8": out}}}
     text = rm.tables(res)
-    assert "## 3." not in text
+    section3 = text.split("## 3.")[1].split("## 4.")[0].strip().splitlines()[1:]
+    positions = out["vs"]["bf16"]["by_position"]
+    assert section3[0].split() == ["positions", "toy", "fp8"] and len(positions) == 3
+    for line, b in zip(section3[1:], positions, strict=True):
+        cells = f"{b['mean_abs']:8.4f} {b['ess']:7.4f} {b['chi2']:8.4f}".split()
+        assert line.split() == [f"{b['start']}-{b['stop'] - 1}", *cells]
     bins = [line for line in text.splitlines() if line.startswith("toy fp8 ")]
     assert len(bins) == 1 + len(out["vs"]["bf16"]["by_probability"])  # section 1's row + bins
     assert (
