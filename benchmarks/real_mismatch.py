@@ -814,35 +814,24 @@ def plots(res: dict, out: Path) -> list[str]:
 
     files = []
     fig, ax = plt.subplots(1, 3, figsize=(16, 4.5))
-    for name, f in res["formats"].items():
-        b = f["vs"]["bf16"]
-        mid = [(x["start"] + x["stop"] - 1) / 2 for x in b["by_position"]]
-        ax[0].plot(mid, [x["mean_abs"] for x in b["by_position"]], "o-", label=name)
-        ax[1].plot(mid, [x["ess"] for x in b["by_position"]], "o-", label=name)
-        labels = [f"{x['lo']}-{x['hi']}" for x in b["by_probability"]]
-        ax[2].plot(
-            labels, [x.get("mean_abs", np.nan) for x in b["by_probability"]], "o-", label=name
-        )
-    if "toy" in res:
-        styles = iter(["--", ":", "-."] * 4)
-        for name, f in res["toy"]["formats"].items():
-            b = f["vs"]["bf16"]
+    gray_styles = iter(["--", ":", "-."] * 4)
+    toy_formats = res.get("toy", {}).get("formats", {})
+    for prefix, formats, style in (("", res["formats"], "o-"), ("toy ", toy_formats, "x--")):
+        for name, f in formats.items():
+            b, label = f["vs"]["bf16"], f"{prefix}{name}"
+            mid = [(x["start"] + x["stop"] - 1) / 2 for x in b["by_position"]]
+            if len(mid) > 1 or not prefix:
+                ax[0].plot(mid, [x["mean_abs"] for x in b["by_position"]], style, label=label)
+                ax[1].plot(mid, [x["ess"] for x in b["by_position"]], style, label=label)
+            else:  # a toy measured in one bin: its mean, as a line across the panel
+                ls = next(gray_styles)
+                ax[0].axhline(b["all"]["mean_abs"], ls=ls, lw=1, color="gray", label=label)
             ax[2].plot(
                 [f"{x['lo']}-{x['hi']}" for x in b["by_probability"]],
                 [x.get("mean_abs", np.nan) for x in b["by_probability"]],
-                "x--",
-                label=f"toy {name}",
+                style,
+                label=label,
             )
-            mid = [(x["start"] + x["stop"] - 1) / 2 for x in b["by_position"]]
-            if len(mid) > 1:
-                ax[0].plot(
-                    mid, [x["mean_abs"] for x in b["by_position"]], "x--", label=f"toy {name}"
-                )
-                ax[1].plot(mid, [x["ess"] for x in b["by_position"]], "x--", label=f"toy {name}")
-            else:  # one bin: the toy's mean, as a line across the panel
-                ax[0].axhline(
-                    b["all"]["mean_abs"], ls=next(styles), lw=1, color="gray", label=f"toy {name}"
-                )
     ax[0].set(
         xlabel="response position",
         ylabel="mean |logp_train - logp_rollout| (nats)",
