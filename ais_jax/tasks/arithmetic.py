@@ -45,10 +45,10 @@ one that codes the prompt's i-th character (cycling; ``0``-``9`` are ``a``-``j``
 =`` are ``k``-``n``), so the warm start must compute each letter's distribution from the input,
 as a real model's contextual uncertainty is; that does not raise the mismatch either (measured:
 docs/results.md). ``filler_place="after"`` writes the letters after the result instead
-(``"432 abqd"``): a long response whose answer comes first, for a model too small to carry the
-problem across a long prefix (the 16-wide toy of ``configs/compare_narrow_long.yaml`` learns
-nothing behind 62 letters; docs/results.md). The letters never hold a digit, so the reward reads
-the same answer.
+(``"432 abqd"``): a long response whose answer comes first (``configs/compare_narrow_long.yaml``;
+the 16-wide toy's warm start learns the sums neither behind 62 uniform letters nor in front of
+them, and in front of near-deterministic ones it does: docs/results.md). The letters never hold
+a digit, so the reward reads the same answer.
 
 ``instruction`` gives each example chat ``messages`` too: one user message, ``"What is 47 +
 385? "`` followed by the instruction, which a tokenizer with a chat template (an
