@@ -599,15 +599,43 @@ def _stats_table(stats) -> list[dict]:
 # ---- the toy --------------------------------------------------------------------------------
 
 
-def toy(run_dir: Path, n: int, seed: int, formats, trainer_dtypes, bin_width: int = 8) -> dict:
+def toy_params(run_params, params_file: Path) -> dict:
+    """The parameters in ``params_file`` (an `ais-jax compare` start, ``start/params.npz``) in
+    place of a run's own ``run_params``: the same tree, shapes and dtypes, or a ValueError."""
+    from ais_jax.experiments.compare import load_params
+
+    params = load_params(params_file)
+    want = jax.tree.map(lambda a: (a.shape, str(a.dtype)), run_params)
+    got = jax.tree.map(lambda a: (np.shape(a), str(np.asarray(a).dtype)), params)
+    if jax.tree.structure(want) != jax.tree.structure(got) or want != got:
+        raise ValueError(
+            f"--toy-params {params_file}: not parameters of the --toy-run's model (their tree, "
+            "shapes or dtypes differ); use the start/params.npz of a comparison of that config."
+        )
+    return params
+
+
+def toy(
+    run_dir: Path,
+    n: int,
+    seed: int,
+    formats,
+    trainer_dtypes,
+    bin_width: int = 8,
+    params_file: Path | None = None,
+) -> dict:
     """The default job's trained model (``run_dir``, `ais-jax train --out`) measured with the
     same code: its task, tokenizer, prompt length, max_new_tokens and end-of-sequence id, and
-    per bin of ``bin_width`` response positions."""
+    per bin of ``bin_width`` response positions. ``params_file``: measure these parameters (a
+    comparison's warm start, ``start/params.npz``) instead of the run's latest checkpoint."""
     from ais_jax.config import load_config
     from ais_jax.train.job import make_run
 
     run = make_run(load_config(run_dir / "config.yaml"), run_dir)
     step = run.restore()
+    params = jax.device_get(run.state.params)
+    if params_file is not None:
+        params, step = toy_params(params, params_file), str(params_file)
     r = run.cfg.rollout
     rng = random.Random(seed)
     examples = [run.task.sample(rng) for _ in range(n)]
@@ -615,13 +643,13 @@ def toy(run_dir: Path, n: int, seed: int, formats, trainer_dtypes, bin_width: in
     tok = run.tokenizer
     out = {
         "run": str(run_dir),
-        "step": int(step),
+        "step": step if isinstance(step, str) else int(step),
+        "task": repr(run.task),
         "config": run.model_config.__class__.__name__,
         "params_M": round(run.model_config.num_params / 1e6, 3),
         "max_new_tokens": r.max_new_tokens,
         "formats": {},
     }
-    params = jax.device_get(run.state.params)
     for name in formats:
         fmt, scaling = FORMATS[name]
         out["formats"][name], _ = measure_format(
@@ -683,8 +711,14 @@ def tables(res: dict) -> str:
     p(f"# {meta['title']}")
     p(f"date {meta['date']}  commit {meta['commit']}  jax {meta['jax']} / jaxlib {meta['jaxlib']}")
     p(f"cpu {meta['cpu']} ({meta['cores']} cores, shared)  wall {meta.get('wall_s', 0):.0f}s")
-    p(f"model {meta['model']}")
-    p(f"task {meta['task']}")
+    if res["formats"]:
+        p(f"model {meta['model']}")
+        p(f"task {meta['task']}")
+    else:
+        p("SmolLM2 not measured (--formats ''): only the toy")
+    if "toy" in res:
+        t = res["toy"]
+        p(f"toy {t['run']} (parameters: {t['step']}), {t.get('task', '')}")
     p(
         f"{meta['prompts']} prompts (chat template, {meta['prompt_len']} tokens), "
         f"{meta['new_tokens']} new tokens each, T=1, full vocabulary, no stop at <|im_end|>"
@@ -971,6 +1005,13 @@ def main(argv=None) -> int:
     p.add_argument("--toy-run", type=Path, default=None, help="a trained default job's --out")
     p.add_argument("--toy-formats", default="fp8,fp8-token,fp4")
     p.add_argument("--toy-bin", type=int, default=8, help="the toy's positions per bin")
+    p.add_argument(
+        "--toy-params",
+        type=Path,
+        default=None,
+        help="measure these parameters (a comparison's start/params.npz) with --toy-run's config "
+        "instead of that run's latest checkpoint",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument(
@@ -1062,7 +1103,13 @@ def main(argv=None) -> int:
     if args.toy_run is not None:
         toy_formats = [f for f in args.toy_formats.split(",") if f]
         res["toy"] = toy(
-            args.toy_run, args.prompts, args.seed, toy_formats, ("bf16", "f32"), args.toy_bin
+            args.toy_run,
+            args.prompts,
+            args.seed,
+            toy_formats,
+            ("bf16", "f32"),
+            args.toy_bin,
+            args.toy_params,
         )
     meta["wall_s"] = round(time.perf_counter() - _T0, 1)
     _checkpoint(res, args.out)

@@ -222,8 +222,13 @@ def test_tables_and_plots_of_the_toy_alone(rm, tiny, tmp_path):
     out, _ = _measure(rm, tiny, "float8_e4m3fn", 6, score_chunk=4, bin_width=2)
     meta = {"title": "t", "date": "d", "commit": "c", "jax": "j", "jaxlib": "l", "cpu": "cpu"}
     meta.update(cores=2, model="m", task="a", prompts=4, prompt_len=6, new_tokens=6)
-    res = {"meta": meta, "formats": {}, "toy": {"formats": {"fp8": out}}}
+    toy = {"run": "runs/x", "step": 40, "task": "Arithmetic(...)", "formats": {"fp8": out}}
+    res = {"meta": meta, "formats": {}, "toy": toy}
     text = rm.tables(res)
+    # the header names the toy that was measured, not SmolLM2's model and task (not measured)
+    header = text.split("## 1.")[0]
+    assert "model m" not in header and "task a" not in header
+    assert "toy runs/x (parameters: 40), Arithmetic(...)" in header
     section3 = text.split("## 3.")[1].split("## 4.")[0].strip().splitlines()[1:]
     positions = out["vs"]["bf16"]["by_position"]
     assert section3[0].split() == ["positions", "toy", "fp8"] and len(positions) == 3
@@ -235,3 +240,23 @@ def test_tables_and_plots_of_the_toy_alone(rm, tiny, tmp_path):
     assert (
         rm.plots(res, tmp_path) == ["mismatch.png"] and (tmp_path / "mismatch.png").stat().st_size
     )
+
+
+def test_toy_params_are_the_files_bits_or_a_clear_error(rm, tiny, tmp_path):
+    """``--toy-params``: a comparison's saved start replaces the run's parameters bit for bit;
+    a file of another model (a leaf missing, or of another shape) is refused by name."""
+    from ais_jax.experiments.compare import save_params
+
+    _, params, _, _ = tiny
+    host = jax.device_get(params)
+    start = jax.tree.map(lambda a: a + np.float32(0.25), host)  # not the run's own values
+    got = rm.toy_params(host, save_params(tmp_path / "params.npz", start))
+    assert jax.tree.structure(got) == jax.tree.structure(start)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(start), strict=True):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+    fewer = dict(start)
+    fewer.pop(next(iter(fewer)))
+    wider = jax.tree.map(lambda a: np.concatenate([a, a], -1) if a.ndim == 2 else a, start)
+    for name, bad in (("fewer", fewer), ("wider", wider)):
+        with pytest.raises(ValueError, match="--toy-params .*not parameters of the --toy-run"):
+            rm.toy_params(host, save_params(tmp_path / f"{name}.npz", bad))
