@@ -716,13 +716,18 @@ def tables(res: dict) -> str:
         p(f"task {meta['task']}")
     else:
         p("SmolLM2 not measured (--formats ''): only the toy")
+    if res["formats"]:
+        p(
+            f"{meta['prompts']} prompts (chat template, {meta['prompt_len']} tokens), "
+            f"{meta['new_tokens']} new tokens each, T=1, full vocabulary, no stop at <|im_end|>"
+        )
     if "toy" in res:
         t = res["toy"]
         p(f"toy {t['run']} (parameters: {t['step']}), {t.get('task', '')}")
-    p(
-        f"{meta['prompts']} prompts (chat template, {meta['prompt_len']} tokens), "
-        f"{meta['new_tokens']} new tokens each, T=1, full vocabulary, no stop at <|im_end|>"
-    )
+        p(
+            f"toy: {meta['prompts']} prompts of its task, at most {t.get('max_new_tokens')} new "
+            "tokens each, T=1, stopped at its end-of-sequence token"
+        )
     p()
     p("## 1. Mismatch per token and per sequence, d = logp_train - logp_rollout on rollout samples")
     p("   k1 = mean(-d), k3 = mean(r-1-d) (KL(rollout||train)), chi2 = mean(r^2)-1,")

@@ -222,13 +222,15 @@ def test_tables_and_plots_of_the_toy_alone(rm, tiny, tmp_path):
     out, _ = _measure(rm, tiny, "float8_e4m3fn", 6, score_chunk=4, bin_width=2)
     meta = {"title": "t", "date": "d", "commit": "c", "jax": "j", "jaxlib": "l", "cpu": "cpu"}
     meta.update(cores=2, model="m", task="a", prompts=4, prompt_len=6, new_tokens=6)
-    toy = {"run": "runs/x", "step": 40, "task": "Arithmetic(...)", "formats": {"fp8": out}}
+    toy = {"run": "runs/x", "step": 40, "task": "Arithmetic(...)", "max_new_tokens": 6}
+    toy["formats"] = {"fp8": out}
     res = {"meta": meta, "formats": {}, "toy": toy}
     text = rm.tables(res)
     # the header names the toy that was measured, not SmolLM2's model and task (not measured)
     header = text.split("## 1.")[0]
     assert "model m" not in header and "task a" not in header
     assert "toy runs/x (parameters: 40), Arithmetic(...)" in header
+    assert "chat template" not in header and "at most 6 new tokens" in header
     section3 = text.split("## 3.")[1].split("## 4.")[0].strip().splitlines()[1:]
     positions = out["vs"]["bf16"]["by_position"]
     assert section3[0].split() == ["positions", "toy", "fp8"] and len(positions) == 3
