@@ -714,13 +714,12 @@ def tables(res: dict) -> str:
     if res["formats"]:
         p(f"model {meta['model']}")
         p(f"task {meta['task']}")
-    else:
-        p("SmolLM2 not measured (--formats ''): only the toy")
-    if res["formats"]:
         p(
             f"{meta['prompts']} prompts (chat template, {meta['prompt_len']} tokens), "
             f"{meta['new_tokens']} new tokens each, T=1, full vocabulary, no stop at <|im_end|>"
         )
+    else:
+        p("SmolLM2 not measured (--formats ''): only the toy")
     if "toy" in res:
         t = res["toy"]
         p(f"toy {t['run']} (parameters: {t['step']}), {t.get('task', '')}")
