@@ -887,8 +887,9 @@ def plots(res: dict, out: Path) -> list[str]:
         if a.get_legend_handles_labels()[0]:  # the position panels are empty for the toy alone
             a.legend(fontsize=8)
         a.grid(alpha=0.3)
+    model = "SmolLM2-135M-Instruct" if res["formats"] else "the toy alone"
     fig.suptitle(
-        "SmolLM2-135M-Instruct: low-precision rollout vs bf16 trainer "
+        f"{model}: low-precision rollout vs bf16 trainer "
         "(x: the toy per position bin; gray lines: its mean where it has one bin)"
     )
     fig.tight_layout()
@@ -1038,27 +1039,32 @@ def main(argv=None) -> int:
     for f in formats + list(f32):
         if f not in FORMATS:
             p.error(f"unknown format {f!r}; valid: {list(FORMATS)}")
+    if not formats and args.toy_run is None:
+        p.error("nothing to measure: --formats '' and no --toy-run")
     meta = _meta()
     meta["title"] = (
-        "Rollout-vs-trainer mismatch, SmolLM2-135M-Instruct (benchmarks/real_mismatch.py)"
+        "Rollout-vs-trainer mismatch, "
+        + ("SmolLM2-135M-Instruct" if formats else "the toy alone (SmolLM2 not measured)")
+        + " (benchmarks/real_mismatch.py)"
     )
     meta["argv"] = sys.argv[1:] if argv is None else list(argv)
-    _log(f"loading {args.checkpoint}")
-    config, params = load_hf(args.checkpoint, dtype=jnp.float32)
-    tok = HFTokenizer(args.checkpoint)
-    task, examples, prompts, pmask = chat_prompts(tok, args.prompts, args.seed)
-    meta.update(
-        model=f"SmolLM2-135M-Instruct ({args.checkpoint}, dequantized, float32 master)",
-        task=f"{task!r}",
-        prompts=args.prompts,
-        prompt_len=int(prompts.shape[1]),
-        new_tokens=args.new_tokens,
-        example_prompt=tok.decode(list(prompts[0][pmask[0]])),
-    )
+    meta["prompts"] = args.prompts
     res = {"meta": meta, "formats": {}}
     raws = {}
+    if formats:  # --formats '': the toy alone, SmolLM2 is not even loaded
+        _log(f"loading {args.checkpoint}")
+        config, params = load_hf(args.checkpoint, dtype=jnp.float32)
+        tok = HFTokenizer(args.checkpoint)
+        task, examples, prompts, pmask = chat_prompts(tok, args.prompts, args.seed)
+        meta.update(
+            model=f"SmolLM2-135M-Instruct ({args.checkpoint}, dequantized, float32 master)",
+            task=f"{task!r}",
+            prompt_len=int(prompts.shape[1]),
+            new_tokens=args.new_tokens,
+            example_prompt=tok.decode(list(prompts[0][pmask[0]])),
+        )
+        im_end = tuple(tok.eos_ids)
     key = jax.random.key(args.seed)
-    im_end = tuple(tok.eos_ids)
     for name in formats:
         fmt, scaling = FORMATS[name]
         dts = ("bf16", "f32") if name in f32 else ("bf16",)

@@ -1,22 +1,27 @@
 """benchmarks/real_mismatch.py's core functions on a tiny random Llama: its metrics against a
 float64 numpy recomputation from the same log-probs (and those log-probs against the model's
-own forward), its layer loop against `model.forward`, and one small ablation."""
+own forward), its layer loop against `model.forward`, one small ablation, and the toy alone
+(``--formats ''``) measured end to end on a one-step tiny run."""
 
 from __future__ import annotations
 
 import functools
 import importlib.util
+import json
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from training_run import TINY_RUN
 
 from ais_jax import models
+from ais_jax.config import TrainConfig, from_dict
 from ais_jax.models.qwen3 import ModelConfig
 from ais_jax.nn import layers as M
 from ais_jax.nn.quant import quantize_params
+from ais_jax.train.job import run_training
 
 pytestmark = pytest.mark.slow  # ~30 s: the script's generation, scoring and layer loop compile
 
@@ -262,3 +267,22 @@ def test_toy_params_are_the_files_bits_or_a_clear_error(rm, tiny, tmp_path):
     for name, bad in (("fewer", fewer), ("wider", wider)):
         with pytest.raises(ValueError, match="--toy-params .*not parameters of the --toy-run"):
             rm.toy_params(host, save_params(tmp_path / f"{name}.npz", bad))
+
+
+def test_toy_alone_neither_loads_nor_names_smollm2(rm, tmp_path, capsys):
+    """``--formats ''`` with ``--toy-run``: SmolLM2 is not loaded (a missing ``--checkpoint`` is
+    no error) and neither the title nor the plot names it; with no toy either, a clear error."""
+    run = tmp_path / "run"
+    cfg = {**TINY_RUN, "steps": 1, "checkpoint_every": 1, "eval_every": 0}
+    run_training(from_dict(TrainConfig, cfg), run, show_progress=False)
+    absent = tmp_path / "absent.gguf"
+    common = ["--formats", "", "--f32-formats", "", "--ablate-rows", "0", "--checkpoint", absent]
+    out = tmp_path / "out"
+    argv = [*map(str, common), "--toy-run", str(run), "--toy-formats", "fp8", "--prompts", "4"]
+    assert rm.main([*argv, "--out", str(out)]) == 0
+    title = (out / "table.txt").read_text().splitlines()[0]
+    assert "toy alone" in title and "SmolLM2-135M" not in title
+    assert json.loads((out / "results.json").read_text())["toy"]["formats"]["fp8"]["vs"]["bf16"]
+    with pytest.raises(SystemExit):
+        rm.main([*map(str, common), "--out", str(tmp_path / "none")])
+    assert "nothing to measure: --formats '' and no --toy-run" in capsys.readouterr().err
