@@ -844,6 +844,11 @@ def _ablation_tables(a: dict, p) -> None:
         p(f"sum of the one-layer KLs / all-layer KL: {tot / full:.3f}")
 
 
+def _subject(formats) -> str:
+    """What a run measured, for its titles: SmolLM2 when it has formats, else the toy alone."""
+    return "SmolLM2-135M-Instruct" if formats else "the toy alone"
+
+
 def plots(res: dict, out: Path) -> list[str]:
     import matplotlib
 
@@ -887,9 +892,8 @@ def plots(res: dict, out: Path) -> list[str]:
         if a.get_legend_handles_labels()[0]:  # the position panels are empty for the toy alone
             a.legend(fontsize=8)
         a.grid(alpha=0.3)
-    model = "SmolLM2-135M-Instruct" if res["formats"] else "the toy alone"
     fig.suptitle(
-        f"{model}: low-precision rollout vs bf16 trainer "
+        f"{_subject(res['formats'])}: low-precision rollout vs bf16 trainer "
         "(x: the toy per position bin; gray lines: its mean where it has one bin)"
     )
     fig.tight_layout()
@@ -1043,9 +1047,7 @@ def main(argv=None) -> int:
         p.error("nothing to measure: --formats '' and no --toy-run")
     meta = _meta()
     meta["title"] = (
-        "Rollout-vs-trainer mismatch, "
-        + ("SmolLM2-135M-Instruct" if formats else "the toy alone (SmolLM2 not measured)")
-        + " (benchmarks/real_mismatch.py)"
+        f"Rollout-vs-trainer mismatch, {_subject(formats)} (benchmarks/real_mismatch.py)"
     )
     meta["argv"] = sys.argv[1:] if argv is None else list(argv)
     meta["prompts"] = args.prompts

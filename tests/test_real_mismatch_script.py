@@ -271,7 +271,7 @@ def test_toy_params_are_the_files_bits_or_a_clear_error(rm, tiny, tmp_path):
 
 def test_toy_alone_neither_loads_nor_names_smollm2(rm, tmp_path, capsys):
     """``--formats ''`` with ``--toy-run``: SmolLM2 is not loaded (a missing ``--checkpoint`` is
-    no error) and neither the title nor the plot names it; with no toy either, a clear error."""
+    no error) and the title does not name it; with no toy either, a clear error."""
     run = tmp_path / "run"
     cfg = {**TINY_RUN, "steps": 1, "checkpoint_every": 1, "eval_every": 0}
     run_training(from_dict(TrainConfig, cfg), run, show_progress=False)
